@@ -1,0 +1,113 @@
+"""aphrodite_ext: LLM inference kernels as PyTorch extension modules.
+
+Import a module to register its ops (``import aphrodite_ext._C``), then call them through
+``torch.ops._C.<op>`` or the typed wrappers in :mod:`aphrodite_ext.ops`. Importing the package
+checks the recorded build info against the running torch and fails with a sentence that says
+what to do when they disagree. A module this install did not build raises an ImportError
+that names the reason.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import json
+import sys
+from functools import cache
+from pathlib import Path
+
+from .version import BASE_VERSION
+
+_PACKAGE_DIR = Path(__file__).resolve().parent
+_BUILD_INFO = _PACKAGE_DIR / "_build_info.json"
+
+#: Every extension module the project declares (CMakeLists.txt), built here or not.
+MODULES = ("_C", "_moe_C", "_fa2_C", "_rocm_C")
+
+
+class BuildMismatchError(ImportError):
+    """The installed modules were built for another torch or backend than the running one."""
+
+
+@cache
+def build_info() -> dict:
+    """The build plan recorded at configure (backend, archs, modules, families, toolchain);
+    empty when the package has not been built."""
+    try:
+        return json.loads(_BUILD_INFO.read_text())
+    except FileNotFoundError:
+        return {}
+
+
+def _version() -> str:
+    return build_info().get("version") or BASE_VERSION
+
+
+__version__ = _version()
+
+
+def check_build_info(info: dict | None = None, torch_version: str | None = None,
+                     torch_cuda: str | None = None, torch_hip: str | None = None) -> None:
+    """Raises BuildMismatchError when the install cannot run under the torch in use."""
+    info = build_info() if info is None else info
+    if not info:
+        return
+    import torch
+
+    torch_version = torch_version or torch.__version__
+    torch_cuda = torch.version.cuda if torch_cuda is None else torch_cuda
+    torch_hip = getattr(torch.version, "hip", None) if torch_hip is None else torch_hip
+    built = info["torch"]["version"]
+    running = torch_version.split("+")[0]
+    if built.split(".")[:2] != running.split(".")[:2]:
+        raise BuildMismatchError(
+            f"aphrodite_ext was built against torch {built} but torch {running} is running; "
+            "torch's C++ ABI changes between minor releases, so rebuild aphrodite_ext "
+            "(pip install -e . --no-build-isolation) or install torch " + built)
+    backend = info["backend"]
+    if backend == "cuda" and not torch_cuda:
+        raise BuildMismatchError(
+            f"aphrodite_ext was built for CUDA but torch {torch_version} has no CUDA support; "
+            "install a CUDA build of torch or rebuild with APHRODITE_TARGET_DEVICE=cpu")
+    if backend == "rocm" and not torch_hip:
+        raise BuildMismatchError(
+            f"aphrodite_ext was built for ROCm but torch {torch_version} has no ROCm support; "
+            "install a ROCm build of torch or rebuild with APHRODITE_TARGET_DEVICE=cpu")
+
+
+def module_status(name: str) -> tuple[bool, str]:
+    """Whether extension module `name` is in this install, and if not, why."""
+    info = build_info()
+    if not info:
+        return False, ("aphrodite_ext has not been built: run "
+                       "`pip install -e . --no-build-isolation` in the source tree")
+    module = info["modules"].get(name)
+    if module is None:
+        return False, f"{name} is not an aphrodite_ext module; modules: {', '.join(MODULES)}"
+    if not module["built"]:
+        return False, f"{name} was not built for the {info['backend']} backend: it {module['reason']}"
+    return True, ""
+
+
+class _UnbuiltModuleFinder(importlib.abc.MetaPathFinder):
+    """Turns `import aphrodite_ext.<module>` of a module this build skipped into an
+    ImportError that says why, instead of a bare ModuleNotFoundError."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        package, _, name = fullname.rpartition(".")
+        if package != __name__ or name not in MODULES:
+            return None
+        if importlib.machinery.PathFinder.find_spec(fullname, path) is not None:
+            return None
+        raise ImportError(f"aphrodite_ext.{name} is not available: {module_status(name)[1]}",
+                          name=fullname)
+
+
+def load(name: str):
+    """Imports extension module `name` (registering its ops) and returns it."""
+    return importlib.import_module(f"{__name__}.{name}")
+
+
+check_build_info()
+sys.meta_path.append(_UnbuiltModuleFinder())

@@ -1,0 +1,149 @@
+// GPU kernels for the gated activations of activation.h, as header templates. The code generator
+// emits one .cu per (Kind, element type) that includes this file and explicitly instantiates
+// act_and_mul_launch; the dispatch file then picks the instantiation for a problem.
+// Torch-free.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "activation/activation.h"
+#include "common/gpu.h"
+
+namespace aphrodite::activation {
+namespace detail {
+
+/// Threads per block (a block may cover several rows when rows are narrow).
+inline constexpr int kActThreads = 256;
+/// Blocks below this count are considered too few to fill the GPU; blocks shrink to make more.
+inline constexpr int64_t kActMinBlocks = 1024;
+/// Smallest block the launcher shrinks to.
+inline constexpr int kActMinThreads = 64;
+/// Grid limits; the kernel loops when the problem needs more blocks than these.
+inline constexpr int64_t kActMaxGridX = int64_t{1} << 20;
+inline constexpr int64_t kActMaxGridY = 65535;
+
+/// N consecutive elements moved with one load or store of sizeof(T) * N bytes.
+template <typename T, int N>
+struct alignas(sizeof(T) * N) ActVec {
+  T v[N];
+};
+
+__device__ __forceinline__ float act_to_float(float v) { return v; }
+__device__ __forceinline__ float act_to_float(__half v) { return __half2float(v); }
+__device__ __forceinline__ float act_to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <typename T>
+__device__ __forceinline__ T act_from_float(float v) {
+  if constexpr (std::is_same_v<T, float>) {
+    return v;
+  } else if constexpr (std::is_same_v<T, __half>) {
+    return __float2half(v);
+  } else {
+    static_assert(std::is_same_v<T, __nv_bfloat16>, "unsupported element type");
+    return __float2bfloat16(v);
+  }
+}
+
+/// The activation applied to the first half of a row, in fp32.
+template <Kind K>
+__device__ __forceinline__ float act_fn(float x) {
+  if constexpr (K == Kind::kSilu) {
+    return x / (1.0f + expf(-x));
+  } else if constexpr (K == Kind::kGelu) {
+    constexpr float kRsqrt2 = 0.70710678118654752440f;
+    return 0.5f * x * (1.0f + erff(x * kRsqrt2));
+  } else {
+    static_assert(K == Kind::kGeluTanh, "unsupported activation");
+    constexpr float kSqrt2OverPi = 0.79788456080286535588f;
+    constexpr float kKappa = 0.044715f;
+    const float inner = kSqrt2OverPi * (x + kKappa * x * x * x);
+    return 0.5f * x * (1.0f + tanhf(inner));
+  }
+}
+
+/// out[t, i] = act(in[t, i]) * in[t, d + i], kVec elements per thread and step. threadIdx.x and
+/// blockIdx.y walk the vectors of a row, threadIdx.y and blockIdx.x walk the rows; both loop
+/// when the grid is smaller than the problem.
+template <Kind K, typename T, int kVec>
+__global__ void __launch_bounds__(kActThreads)
+    act_and_mul_kernel(T* __restrict__ out, const T* __restrict__ in, int64_t num_tokens,
+                       int64_t d, int64_t out_row_stride, int64_t in_row_stride) {
+  using V = ActVec<T, kVec>;
+  const int64_t num_vecs = d / kVec;
+  const int64_t col_begin = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
+  const int64_t col_step = static_cast<int64_t>(gridDim.y) * blockDim.x;
+  const int64_t row_step = static_cast<int64_t>(gridDim.x) * blockDim.y;
+  for (int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y; t < num_tokens;
+       t += row_step) {
+    const T* x = in + t * in_row_stride;
+    const T* y = x + d;
+    T* o = out + t * out_row_stride;
+    for (int64_t c = col_begin; c < num_vecs; c += col_step) {
+      const V a = *reinterpret_cast<const V*>(x + c * kVec);
+      const V b = *reinterpret_cast<const V*>(y + c * kVec);
+      V r;
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) {
+        r.v[i] = act_from_float<T>(act_fn<K>(act_to_float(a.v[i])) * act_to_float(b.v[i]));
+      }
+      *reinterpret_cast<V*>(o + c * kVec) = r;
+    }
+  }
+}
+
+inline int64_t act_ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+inline bool act_aligned16(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+
+/// Picks the block shape (tx threads per row, ty rows per block) and grid, then launches.
+template <Kind K, typename T, int kVec>
+gpuError_t act_and_mul_launch_vec(const Problem& p, gpuStream_t stream) {
+  const int64_t num_vecs = p.d / kVec;
+  int64_t tx = 1;
+  while (tx < num_vecs && tx < kActThreads) tx *= 2;
+  int64_t ty = kActThreads / tx;
+  // With few rows, shrink the block so the grid still spreads over every SM.
+  while (tx * ty > kActMinThreads &&
+         act_ceil_div(p.num_tokens, ty) * act_ceil_div(num_vecs, tx) < kActMinBlocks) {
+    if (ty > 1) {
+      ty /= 2;
+    } else {
+      tx /= 2;
+    }
+  }
+  int64_t grid_x = act_ceil_div(p.num_tokens, ty);
+  int64_t grid_y = act_ceil_div(num_vecs, tx);
+  if (grid_x > kActMaxGridX) grid_x = kActMaxGridX;
+  if (grid_y > kActMaxGridY) grid_y = kActMaxGridY;
+  const dim3 grid(static_cast<unsigned>(grid_x), static_cast<unsigned>(grid_y));
+  const dim3 block(static_cast<unsigned>(tx), static_cast<unsigned>(ty));
+  act_and_mul_kernel<K, T, kVec><<<grid, block, 0, stream>>>(
+      static_cast<T*>(p.out), static_cast<const T*>(p.input), p.num_tokens, p.d,
+      p.out_row_stride, p.input_row_stride);
+  return gpuGetLastError();
+}
+
+}  // namespace detail
+
+/// @brief Launches out = act(input[:, :d]) * input[:, d:] (computed in fp32, rounded once) on
+/// `stream` for element type T, which must match p.dtype. Uses 16-byte loads and stores when d,
+/// both row strides and both pointers allow it, element-wise accesses otherwise. Returns the
+/// launch's error code (gpuSuccess without launching when there is nothing to do).
+template <Kind K, typename T>
+gpuError_t act_and_mul_launch(const Problem& p, gpuStream_t stream) {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, __half> ||
+                    std::is_same_v<T, __nv_bfloat16>,
+                "unsupported element type");
+  if (p.num_tokens <= 0 || p.d <= 0) return gpuSuccess;
+  constexpr int kVec = static_cast<int>(16 / sizeof(T));
+  const bool vectorised = p.d % kVec == 0 && p.out_row_stride % kVec == 0 &&
+                          p.input_row_stride % kVec == 0 && detail::act_aligned16(p.out) &&
+                          detail::act_aligned16(p.input);
+  if (vectorised) return detail::act_and_mul_launch_vec<K, T, kVec>(p, stream);
+  return detail::act_and_mul_launch_vec<K, T, 1>(p, stream);
+}
+
+}  // namespace aphrodite::activation

@@ -1,0 +1,169 @@
+// Shared helpers for the torch-facing bindings (`*_ops.cpp`): input checks with messages that
+// name the op and what it expected, conversion to the torch-free kernel types, launch checks,
+// and the registration macros that give every op a schema even where its family was not built.
+//
+// Each family's binding is compiled with these definitions from cmake/families.cmake:
+//   APHRODITE_FAMILY_NAME    "activation"
+//   APHRODITE_FAMILY_BUILT   1 when the family's kernels are in this module, else 0
+//   APHRODITE_FAMILY_STATUS  "built for 8.0 9.0a" or the reason it was skipped
+// and the backend's: APHRODITE_BACKEND_CPU or APHRODITE_BACKEND_GPU (CUDA and ROCm).
+#pragma once
+
+#include <string>
+#include <utility>
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/library.h>
+
+#include "common/scalar_type.h"
+
+#if defined(APHRODITE_BACKEND_GPU)
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "common/gpu.h"
+#endif
+
+#ifndef APHRODITE_FAMILY_NAME
+#error "bindings are compiled through aphrodite_add_family(), which defines APHRODITE_FAMILY_*"
+#endif
+
+namespace aphrodite {
+
+/// The torch element type `op` takes, as the kernels' ScalarType; rejects the others.
+inline ScalarType kernel_dtype(const char* op, const char* arg, const at::Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kFloat: return ScalarType::kFloat32;
+    case at::kHalf: return ScalarType::kFloat16;
+    case at::kBFloat16: return ScalarType::kBFloat16;
+    default:
+      TORCH_CHECK(false, op, ": ", arg, " must be float32, float16 or bfloat16, got ",
+                  t.scalar_type());
+  }
+}
+
+inline void check_same_device(const char* op, const char* arg, const at::Tensor& t,
+                              const at::Tensor& ref) {
+  TORCH_CHECK(t.device() == ref.device(), op, ": ", arg, " is on ", t.device(),
+              " but the other inputs are on ", ref.device());
+}
+
+inline void check_dtype(const char* op, const char* arg, const at::Tensor& t,
+                        at::ScalarType expected) {
+  TORCH_CHECK(t.scalar_type() == expected, op, ": ", arg, " must be ", expected, ", got ",
+              t.scalar_type());
+}
+
+inline void check_last_dim_contiguous(const char* op, const char* arg, const at::Tensor& t) {
+  TORCH_CHECK(t.dim() == 0 || t.stride(-1) == 1 || t.size(-1) <= 1, op, ": ", arg,
+              " must be contiguous in its last dimension, got strides ", t.strides());
+}
+
+/// Rows of a tensor viewed as [rows, last]: every leading dimension must collapse into one
+/// stride (true for contiguous tensors and for slices of the last dimension).
+inline int64_t row_stride(const char* op, const char* arg, const at::Tensor& t) {
+  check_last_dim_contiguous(op, arg, t);
+  if (t.dim() <= 1) return t.size(-1);
+  int64_t stride = t.stride(-2);
+  int64_t expected = stride;
+  for (int64_t d = t.dim() - 2; d >= 0; --d) {
+    TORCH_CHECK(t.size(d) == 1 || t.stride(d) == expected, op, ": ", arg,
+                " must have rows of one stride (leading dims collapsible), got sizes ",
+                t.sizes(), " strides ", t.strides());
+    expected *= t.size(d);
+  }
+  return stride;
+}
+
+#if defined(APHRODITE_BACKEND_GPU)
+/// Turns a launch's error code into an exception that says what to do about it.
+inline void check_launch(const char* op, gpuError_t err) {
+  if (err == gpuSuccess) return;
+#if !defined(USE_ROCM)
+  TORCH_CHECK(err != cudaErrorNoKernelImageForDevice, op, ": the ", APHRODITE_FAMILY_NAME,
+              " kernels were not built for this GPU (", APHRODITE_FAMILY_STATUS,
+              "); rebuild with its arch in TORCH_CUDA_ARCH_LIST");
+#endif
+  TORCH_CHECK(false, op, ": kernel launch failed: ", gpuGetErrorString(err));
+}
+
+inline gpuStream_t current_stream(const at::Tensor& t) {
+  return c10::cuda::getCurrentCUDAStream(t.device().index()).stream();
+}
+#endif
+
+namespace detail {
+
+/// A boxed kernel that raises instead of computing, for ops this install cannot run.
+class Unavailable final : public c10::OperatorKernel {
+ public:
+  explicit Unavailable(std::string why) : why_(std::move(why)) {}
+  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack*) {
+    TORCH_CHECK(false, op.schema().name(), " is not available in this install of aphrodite_ext: ",
+                why_);
+  }
+
+ private:
+  std::string why_;
+};
+
+inline torch::CppFunction unavailable(std::string why) {
+  return torch::CppFunction::makeFromBoxedFunctor(std::make_unique<Unavailable>(std::move(why)));
+}
+
+}  // namespace detail
+
+/// Defines a family's op schemas. Where the family was not built, or for the device type this
+/// backend does not serve, the op still exists and raises a sentence naming the reason.
+class OpDefiner {
+ public:
+  explicit OpDefiner(torch::Library& lib) : lib_(lib) {}
+
+  void def(const char* schema) {
+    lib_.def(schema);
+    std::string name(schema, std::string(schema).find('('));
+#if defined(APHRODITE_BACKEND_GPU)
+    constexpr auto kServed = c10::DispatchKey::CUDA;
+    constexpr auto kOther = c10::DispatchKey::CPU;
+    const char* other_why = "this install was built for the GPU backend and takes GPU tensors; "
+                            "for CPU tensors build with APHRODITE_TARGET_DEVICE=cpu";
+#else
+    constexpr auto kServed = c10::DispatchKey::CPU;
+    constexpr auto kOther = c10::DispatchKey::CUDA;
+    const char* other_why = "this install was built for the cpu backend and takes CPU tensors; "
+                            "for GPU tensors build with APHRODITE_TARGET_DEVICE=cuda or rocm";
+#endif
+    lib_.impl(name.c_str(), torch::dispatch(kOther, detail::unavailable(other_why)));
+    if (!APHRODITE_FAMILY_BUILT) {
+      lib_.impl(name.c_str(),
+                torch::dispatch(kServed, detail::unavailable(std::string("the ") +
+                                                             APHRODITE_FAMILY_NAME + " family " +
+                                                             APHRODITE_FAMILY_STATUS)));
+    }
+  }
+
+ private:
+  torch::Library& lib_;
+};
+
+}  // namespace aphrodite
+
+/// Schemas of a family's ops in module `ns`: APHRODITE_DEFINE_OPS(_C, ops) { ops.def("..."); }
+#define APHRODITE_DEFINE_OPS(ns, ops) \
+  static void APHRODITE_DEFINE_OPS_BODY_##ns(aphrodite::OpDefiner& ops); \
+  TORCH_LIBRARY_FRAGMENT(ns, lib) {                                     \
+    aphrodite::OpDefiner definer(lib);                                  \
+    APHRODITE_DEFINE_OPS_BODY_##ns(definer);                            \
+  }                                                                     \
+  static void APHRODITE_DEFINE_OPS_BODY_##ns(aphrodite::OpDefiner& ops)
+
+#if defined(APHRODITE_BACKEND_GPU)
+#define APHRODITE_DISPATCH_KEY CUDA
+#else
+#define APHRODITE_DISPATCH_KEY CPU
+#endif
+
+/// Registers a built family's kernels under this backend's dispatch key.
+#define APHRODITE_IMPL_OPS(ns, m) TORCH_LIBRARY_IMPL(ns, APHRODITE_DISPATCH_KEY, m)
+/// Registers the shape-only (fake) implementations that torch.compile traces through.
+#define APHRODITE_META_OPS(ns, m) TORCH_LIBRARY_IMPL(ns, Meta, m)
