@@ -29,6 +29,8 @@ macro(_aphrodite_backend_setup)
   aphrodite_parse_hip_archs(APHRODITE_HIP_ARCHS "${_requested}")
   set(APHRODITE_BUILD_ARCHS ${APHRODITE_HIP_ARCHS})
   set(APHRODITE_BACKEND_DEFINE APHRODITE_BACKEND_GPU USE_ROCM)
+  find_library(APHRODITE_C10_HIP_LIBRARY c10_hip PATHS "${APHRODITE_TORCH_PREFIX}/../../lib")
+  set(APHRODITE_BACKEND_LIBRARIES ${APHRODITE_C10_HIP_LIBRARY} hip::host)
   message(STATUS "aphrodite_ext: backend rocm, archs ${APHRODITE_HIP_ARCHS}")
 endmacro()
 

@@ -26,7 +26,8 @@ endforeach()
 
 function(aphrodite_generate out_var)
   cmake_parse_arguments(PARSE_ARGV 1 arg "" "NAME;GENERATOR" "ARCHS;OPTIONS")
-  set(_generator "${PROJECT_SOURCE_DIR}/${arg_GENERATOR}")
+  cmake_path(ABSOLUTE_PATH arg_GENERATOR BASE_DIRECTORY "${PROJECT_SOURCE_DIR}"
+    OUTPUT_VARIABLE _generator)
   set(_out_dir "${CMAKE_BINARY_DIR}/generated/${arg_NAME}")
   list(JOIN arg_ARCHS " " _archs)
   set(_args --out-dir "${_out_dir}" --archs "${_archs}")

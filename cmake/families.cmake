@@ -13,9 +13,14 @@
 #       built, its sources get per-source arch flags and the module gets
 #       APHRODITE_HAS_<NAME>. The BINDING is compiled either way, so that its ops exist and,
 #       where the family was skipped, raise the recorded reason.
+#   APHRODITE_DISABLE_FAMILIES (cache)
+#       Families to leave out of this build (e.g. for a fast development build); their ops
+#       still exist and say that they were disabled.
 #   aphrodite_finalize()
 #       Creates the modules that have a built family, installs them, and writes plan.json
 #       (also installed as aphrodite_ext/_build_info.json).
+
+set(APHRODITE_DISABLE_FAMILIES "" CACHE STRING "Kernel families to leave out of this build")
 
 # The keywords a backend's _aphrodite_backend_family() receives.
 set(APHRODITE_FAMILY_BACKEND_ONE MIN_CUDA_VERSION GPU_GENERATOR)
@@ -59,6 +64,9 @@ function(aphrodite_add_family name)
   if(NOT APHRODITE_DEVICE IN_LIST _backends)
     set(fam_BUILT FALSE)
     set(fam_REASON "belongs to ${arg_TARGET}, which exists on ${_backends} only")
+  elseif(name IN_LIST APHRODITE_DISABLE_FAMILIES)
+    set(fam_BUILT FALSE)
+    set(fam_REASON "is disabled by APHRODITE_DISABLE_FAMILIES")
   else()
     _aphrodite_backend_family(fam ${name}
       GPU_SOURCES ${arg_GPU_SOURCES} GPU_GENERATOR ${arg_GPU_GENERATOR}
@@ -134,7 +142,9 @@ function(_aphrodite_create_module target)
   target_compile_definitions(${target} PRIVATE APHRODITE_MODULE_NAME=${target}
     ${APHRODITE_BACKEND_DEFINE} ${_defines})
   target_include_directories(${target} PRIVATE "${PROJECT_SOURCE_DIR}/kernels")
-  target_link_libraries(${target} PRIVATE ${TORCH_LIBRARIES})
+  # torch and c10 (plus c10_cuda on GPU backends): what the bindings use, not all of
+  # TORCH_LIBRARIES, which names libraries (nvrtc, ...) a runtime-only toolkit lacks.
+  target_link_libraries(${target} PRIVATE torch ${APHRODITE_BACKEND_LIBRARIES})
   set_target_properties(${target} PROPERTIES CXX_STANDARD ${APHRODITE_TORCH_CXX_STANDARD}
     CXX_STANDARD_REQUIRED ON CXX_EXTENSIONS OFF CXX_VISIBILITY_PRESET hidden
     POSITION_INDEPENDENT_CODE ON)
@@ -147,6 +157,12 @@ function(aphrodite_finalize)
   get_property(_families GLOBAL PROPERTY APHRODITE_FAMILIES)
 
   set(_family_json "{}")
+  foreach(_unknown IN LISTS APHRODITE_DISABLE_FAMILIES)
+    if(NOT _unknown IN_LIST _families)
+      message(FATAL_ERROR "APHRODITE_DISABLE_FAMILIES names '${_unknown}', which is not a "
+        "kernel family; families: ${_families}")
+    endif()
+  endforeach()
   foreach(_f IN LISTS _families)
     foreach(_field TARGET OPS BUILT REASON ARCHS SOURCES)
       get_property(_${_field} GLOBAL PROPERTY APHRODITE_FAMILY_${_f}_${_field})

@@ -23,10 +23,10 @@ def topk_softmax(gating_output: torch.Tensor, topk: int, renormalize: bool = Fal
 
 def topk_softmax_ref(gating_output: torch.Tensor, topk: int, renormalize: bool = False
                      ) -> tuple[torch.Tensor, torch.Tensor]:
-    """fp32 softmax and top-k (ties to the lower id: torch.topk on CPU is stable for that
-    when values are distinct; tests draw distinct logits)."""
+    """fp32 softmax and top-k, ties to the lower expert id (a stable sort)."""
     probs = torch.softmax(gating_output.float(), dim=-1)
-    weights, ids = probs.topk(topk, dim=-1)
+    order = torch.sort(-probs, dim=-1, stable=True).indices[..., :topk]
+    weights, ids = probs.gather(-1, order), order
     if renormalize:
         weights = weights / weights.sum(-1, keepdim=True)
     return weights, ids.to(torch.int32)

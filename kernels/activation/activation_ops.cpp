@@ -38,7 +38,7 @@ activation::Problem make_problem(const char* op, at::Tensor& out, const at::Tens
 void act_and_mul(activation::Kind kind, const char* op, at::Tensor& out,
                  const at::Tensor& input) {
   const activation::Problem p = make_problem(op, out, input);
-  if (input.is_meta() || p.num_tokens == 0 || p.d == 0) return;
+  if (p.num_tokens == 0 || p.d == 0) return;
 #if APHRODITE_FAMILY_BUILT
 #if defined(APHRODITE_BACKEND_CPU)
   TORCH_CHECK(cpu::active_isa().error.empty(), op, ": ", cpu::active_isa().error);
@@ -73,12 +73,6 @@ APHRODITE_DEFINE_OPS(_C, ops) {
   ops.def("silu_and_mul(Tensor! out, Tensor input) -> ()");
   ops.def("gelu_and_mul(Tensor! out, Tensor input) -> ()");
   ops.def("gelu_tanh_and_mul(Tensor! out, Tensor input) -> ()");
-}
-
-APHRODITE_META_OPS(_C, m) {
-  m.impl("silu_and_mul", &aphrodite::silu_and_mul);
-  m.impl("gelu_and_mul", &aphrodite::gelu_and_mul);
-  m.impl("gelu_tanh_and_mul", &aphrodite::gelu_tanh_and_mul);
 }
 
 #if APHRODITE_FAMILY_BUILT

@@ -111,10 +111,18 @@ inline torch::CppFunction unavailable(std::string why) {
   return torch::CppFunction::makeFromBoxedFunctor(std::make_unique<Unavailable>(std::move(why)));
 }
 
+/// The fake kernel of an op that writes into caller-provided tensors and returns nothing:
+/// tracing (FakeTensor, torch.compile, symbolic shapes) only needs it to consume its inputs.
+inline void write_only_fake(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  torch::jit::drop(*stack, op.schema().arguments().size());
+}
+
 }  // namespace detail
 
 /// Defines a family's op schemas. Where the family was not built, or for the device type this
-/// backend does not serve, the op still exists and raises a sentence naming the reason.
+/// backend does not serve, the op still exists and raises a sentence naming the reason. An op
+/// that returns nothing gets its fake (Meta) kernel here; ops that return tensors register
+/// their own.
 class OpDefiner {
  public:
   explicit OpDefiner(torch::Library& lib) : lib_(lib) {}
@@ -134,6 +142,11 @@ class OpDefiner {
                             "for GPU tensors build with APHRODITE_TARGET_DEVICE=cuda or rocm";
 #endif
     lib_.impl(name.c_str(), torch::dispatch(kOther, detail::unavailable(other_why)));
+    if (std::string(schema).find("-> ()") != std::string::npos) {
+      lib_.impl(name.c_str(),
+                torch::dispatch(c10::DispatchKey::Meta,
+                                torch::CppFunction::makeFromBoxedFunction<&detail::write_only_fake>()));
+    }
     if (!APHRODITE_FAMILY_BUILT) {
       lib_.impl(name.c_str(),
                 torch::dispatch(kServed, detail::unavailable(std::string("the ") +
@@ -165,5 +178,3 @@ class OpDefiner {
 
 /// Registers a built family's kernels under this backend's dispatch key.
 #define APHRODITE_IMPL_OPS(ns, m) TORCH_LIBRARY_IMPL(ns, APHRODITE_DISPATCH_KEY, m)
-/// Registers the shape-only (fake) implementations that torch.compile traces through.
-#define APHRODITE_META_OPS(ns, m) TORCH_LIBRARY_IMPL(ns, Meta, m)

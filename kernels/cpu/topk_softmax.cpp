@@ -1,5 +1,6 @@
 // CPU MoE routing: fp32 softmax over each token's expert logits, then its top-k experts.
 // Compiled once per ISA (see vec.h).
+#include <cstdint>
 #include <limits>
 
 #include "cpu/cpu_kernels.h"
@@ -86,13 +87,53 @@ APHRODITE_VEC_INLINE vf exp_shifted(const vec::storage_t<T>* g, int64_t i, int64
              : vf{};
 }
 
+/// Selects the top k of p[0, n) (k <= n) by k passes of argmax over integer keys: the bits of
+/// p (p >= 0, so they order like p), -1 for NaN, INT32_MIN once taken or for padding lanes.
+/// keys[0, round_up(n, kLanes)) must be filled. Ties go to the lowest index.
+inline void select_by_passes(const float* p, int32_t* keys, int64_t n, int64_t k, float* w,
+                             int32_t* ids) {
+  constexpr int L = vec::kLanes;
+  const int64_t padded = (n + L - 1) / L * L;
+  for (int64_t j = 0; j < k; ++j) {
+    vec::vi m0 = vec::bcasti(INT32_MIN), m1 = m0;
+    int64_t i = 0;
+    for (; i + 2 * L <= padded; i += 2 * L) {
+      const vec::vi a = vec::loadu(keys + i), b = vec::loadu(keys + i + L);
+      m0 = a > m0 ? a : m0;
+      m1 = b > m1 ? b : m1;
+    }
+    if (i < padded) {
+      const vec::vi a = vec::loadu(keys + i);
+      m0 = a > m0 ? a : m0;
+    }
+    const vec::vi best = vec::bcasti(vec::hmax(m0 > m1 ? m0 : m1));
+    int64_t idx = 0;
+    for (i = 0; i < padded; i += L) {
+      const int lane = vec::first_set(vec::loadu(keys + i) == best);
+      if (lane >= 0) {
+        idx = i + lane;
+        break;
+      }
+    }
+    w[j] = p[idx];
+    ids[j] = static_cast<int32_t>(idx);
+    keys[idx] = INT32_MIN;
+  }
+}
+
+constexpr int64_t kMaxPassK = 16;  // beyond this the streaming insertion is used
+
 template <ScalarType T>
 void topk_softmax_rows(const moe::TopkSoftmaxProblem& p, int64_t row_begin, int64_t row_end) {
   using S = vec::storage_t<T>;
   constexpr int L = vec::kLanes;
   const int64_t E = p.num_experts;
   const int64_t K = p.k;
+  const int64_t k_valid = K < E ? K : E;
+  const bool fits = E <= kChunk;
+  const bool by_passes = fits && K <= kMaxPassK;
   alignas(64) float buf[kChunk];
+  alignas(64) int32_t keys[kChunk];
   for (int64_t t = row_begin; t < row_end; ++t) {
     const S* g = static_cast<const S*>(p.gating) + t * p.gating_row_stride;
     float* w = p.topk_weights + t * K;
@@ -106,9 +147,8 @@ void topk_softmax_rows(const moe::TopkSoftmaxProblem& p, int64_t row_begin, int6
     }
     const vf m = vec::bcast(vec::hmax(vm));
 
-    // Softmax denominators; the exponentials are kept when the row fits in buf.
+    // Softmax denominator; the exponentials are kept when the row fits in buf.
     vf s0{}, s1{};
-    const bool fits = E <= kChunk;
     int64_t i = 0;
     for (; i + L < E; i += 2 * L) {
       const vf e0 = exp_shifted<T>(g, i, E, m);
@@ -127,17 +167,30 @@ void topk_softmax_rows(const moe::TopkSoftmaxProblem& p, int64_t row_begin, int6
     }
     const vf sum = vec::bcast(vec::hsum(s0 + s1));
 
-    TopK top(w, ids, K);
-    for (int64_t c = 0; c < E; c += kChunk) {
-      const int64_t n = E - c < kChunk ? E - c : kChunk;
-      for (int64_t j = 0; j < n; j += L) {
-        const vf e = fits ? vec::loadu(buf + j) : exp_shifted<T>(g, c + j, E, m);
-        vec::storeu(buf + j, e / sum);
+    int64_t found = k_valid;
+    if (by_passes) {
+      for (int64_t j = 0; j < E; j += L) {
+        const vf pj = vec::loadu(buf + j) / sum;
+        vec::storeu(buf + j, pj);
+        const vec::vi key = pj == pj ? vec::as_i(pj) : vec::bcasti(-1);
+        const vec::vi live = vec::lane_ids() < vec::bcasti(static_cast<int32_t>(E - j));
+        vec::storeu(keys + j, live ? key : vec::bcasti(INT32_MIN));
       }
-      top.scan(buf, n, c);
+      select_by_passes(buf, keys, E, k_valid, w, ids);
+    } else {
+      TopK top(w, ids, K);
+      for (int64_t c = 0; c < E; c += kChunk) {
+        const int64_t n = E - c < kChunk ? E - c : kChunk;
+        for (int64_t j = 0; j < n; j += L) {
+          const vf e = fits ? vec::loadu(buf + j) : exp_shifted<T>(g, c + j, E, m);
+          vec::storeu(buf + j, e / sum);
+        }
+        top.scan(buf, n, c);
+      }
+      found = top.count();
     }
     // k > num_experts cannot give distinct ids; the caller should reject it. Pad safely.
-    for (int64_t j = top.count(); j < K; ++j) {
+    for (int64_t j = found; j < K; ++j) {
       w[j] = 0.0f;
       ids[j] = 0;
     }

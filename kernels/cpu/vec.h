@@ -134,6 +134,37 @@ APHRODITE_VEC_INLINE bool any(vi m) {
 #endif
 }
 
+/// Index of the lowest set lane of a comparison mask, or -1 if none is set.
+APHRODITE_VEC_INLINE int first_set(vi m) {
+#if defined(__AVX512F__)
+  const unsigned bits = _mm512_test_epi32_mask((__m512i)m, (__m512i)m);
+  return bits ? __builtin_ctz(bits) : -1;
+#elif defined(__AVX__)
+  const unsigned bits = static_cast<unsigned>(_mm256_movemask_ps((__m256)m));
+  return bits ? __builtin_ctz(bits) : -1;
+#else
+  for (int i = 0; i < kLanes; ++i)
+    if (m[i]) return i;
+  return -1;
+#endif
+}
+
+/// Horizontal max of int32 lanes.
+APHRODITE_VEC_INLINE int32_t hmax(vi v) {
+  int32_t a[kLanes];
+  std::memcpy(a, &v, sizeof(v));
+  for (int w = kLanes / 2; w > 0; w /= 2)
+    for (int i = 0; i < w; ++i) a[i] = a[i + w] > a[i] ? a[i + w] : a[i];
+  return a[0];
+}
+
+APHRODITE_VEC_INLINE vi loadu(const int32_t* p) {
+  vi v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+APHRODITE_VEC_INLINE void storeu(int32_t* p, vi v) { std::memcpy(p, &v, sizeof(v)); }
+
 // ------------------------------------------------------------------------------------------
 // Scalar conversions (exact; used for tails and tests).
 

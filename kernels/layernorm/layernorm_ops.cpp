@@ -55,7 +55,7 @@ void rms_norm(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight
                                     row_stride(op, "input", input),
                                     static_cast<float>(epsilon),
                                     kernel_dtype(op, "input", input)};
-  if (input.is_meta() || rows == 0 || p.hidden == 0) return;
+  if (rows == 0 || p.hidden == 0) return;
 #if APHRODITE_FAMILY_BUILT
 #if defined(APHRODITE_BACKEND_CPU)
   cpu_rows(op, rows, p.hidden,
@@ -80,7 +80,7 @@ void fused_add_rms_norm(at::Tensor& input, at::Tensor& residual, const at::Tenso
                                             row_stride(op, "residual", residual),
                                             static_cast<float>(epsilon),
                                             kernel_dtype(op, "input", input)};
-  if (input.is_meta() || rows == 0 || p.hidden == 0) return;
+  if (rows == 0 || p.hidden == 0) return;
 #if APHRODITE_FAMILY_BUILT
 #if defined(APHRODITE_BACKEND_CPU)
   cpu_rows(op, rows, p.hidden, [&](int64_t begin, int64_t end) {
@@ -100,11 +100,6 @@ APHRODITE_DEFINE_OPS(_C, ops) {
   ops.def("rms_norm(Tensor! result, Tensor input, Tensor weight, float epsilon) -> ()");
   ops.def(
       "fused_add_rms_norm(Tensor! input, Tensor! residual, Tensor weight, float epsilon) -> ()");
-}
-
-APHRODITE_META_OPS(_C, m) {
-  m.impl("rms_norm", &aphrodite::rms_norm);
-  m.impl("fused_add_rms_norm", &aphrodite::fused_add_rms_norm);
 }
 
 #if APHRODITE_FAMILY_BUILT

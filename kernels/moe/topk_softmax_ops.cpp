@@ -50,7 +50,7 @@ void topk_softmax(at::Tensor& topk_weights, at::Tensor& topk_indices,
                                   kernel_dtype(op, "gating_output", gating_output)};
   TORCH_CHECK(num_tokens * k <= INT32_MAX, op,
               ": num_tokens * k must fit token_expert_indices' int32, got ", num_tokens * k);
-  if (gating_output.is_meta() || num_tokens == 0) return;
+  if (num_tokens == 0) return;
 #if APHRODITE_FAMILY_BUILT
 #if defined(APHRODITE_BACKEND_CPU)
   TORCH_CHECK(cpu::active_isa().error.empty(), op, ": ", cpu::active_isa().error);
@@ -73,8 +73,6 @@ APHRODITE_DEFINE_OPS(_moe_C, ops) {
       "topk_softmax(Tensor! topk_weights, Tensor! topk_indices, Tensor! token_expert_indices, "
       "Tensor gating_output, bool renormalize=False) -> ()");
 }
-
-APHRODITE_META_OPS(_moe_C, m) { m.impl("topk_softmax", &aphrodite::topk_softmax); }
 
 #if APHRODITE_FAMILY_BUILT
 APHRODITE_IMPL_OPS(_moe_C, m) { m.impl("topk_softmax", &aphrodite::topk_softmax); }

@@ -1,0 +1,87 @@
+"""silu_and_mul, gelu_and_mul, gelu_tanh_and_mul against the fp32 reference."""
+
+import pytest
+import torch
+
+import aphrodite_ext
+from aphrodite_ext.ops.activation import act_and_mul_ref
+
+# (atol, rtol) per dtype: fp32 math, one rounding to the output dtype.
+TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}
+OPS = ["silu_and_mul", "gelu_and_mul", "gelu_tanh_and_mul"]
+
+
+def _op(name):
+    aphrodite_ext.load("_C")
+    return getattr(torch.ops._C, name)
+
+
+@pytest.mark.parametrize("name", OPS)
+@pytest.mark.parametrize("dtype", list(TOL))
+@pytest.mark.parametrize("shape", [(7, 1), (83, 769), (3, 5, 5125), (1, 4096), (257, 8)])
+def test_matches_reference(device, name, dtype, shape):
+    *lead, d = shape
+    x = torch.randn(*lead, 2 * d, dtype=dtype, device=device) * 3
+    out = torch.full((*lead, d), float("nan"), dtype=dtype, device=device)  # poison
+    _op(name)(out, x)
+    torch.testing.assert_close(out, act_and_mul_ref(name, x), atol=TOL[dtype][0],
+                               rtol=TOL[dtype][1])
+
+
+@pytest.mark.parametrize("name", OPS)
+def test_strided_rows(device, name):
+    # Input rows padded to a wider stride, output a column slice of a wider buffer.
+    d = 769
+    base = torch.randn(11, 2 * d + 64, dtype=torch.bfloat16, device=device)
+    x = base[:, 32:32 + 2 * d]
+    out_buf = torch.full((11, d + 5), float("nan"), dtype=torch.bfloat16, device=device)
+    out = out_buf[:, :d]
+    _op(name)(out, x)
+    torch.testing.assert_close(out, act_and_mul_ref(name, x), atol=1.6e-2, rtol=1.6e-2)
+    assert torch.isnan(out_buf[:, d:]).all(), "wrote past the output slice"
+
+
+def test_extreme_values(device):
+    x = torch.tensor([[-100.0, 100.0, 0.0, -1e30, 1.0, 2.0, 3.0, 4.0]], device=device)
+    out = torch.empty(1, 4, device=device)
+    _op("silu_and_mul")(out, x)
+    torch.testing.assert_close(out, act_and_mul_ref("silu_and_mul", x), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("bad, match", [
+    (lambda x, out: (out, x[:, :-1]), "must be even"),
+    (lambda x, out: (out[:, :-1], x), "out must have shape"),
+    (lambda x, out: (out.float(), x), "out must be"),
+    (lambda x, out: (out, x.int()), "must be float32, float16 or bfloat16"),
+    (lambda x, out: (out, x.t().contiguous().t()), "contiguous in its last dimension"),
+])
+def test_rejects_bad_input(device, bad, match):
+    x = torch.randn(6, 16, dtype=torch.bfloat16, device=device)
+    out = torch.empty(6, 8, dtype=torch.bfloat16, device=device)
+    with pytest.raises(RuntimeError, match=match):
+        _op("silu_and_mul")(*bad(x, out))
+
+
+def test_empty_is_a_no_op(device):
+    x = torch.randn(0, 16, device=device)
+    out = torch.empty(0, 8, device=device)
+    _op("silu_and_mul")(out, x)
+
+
+@pytest.mark.parametrize("name", OPS)
+def test_opcheck(device, name):
+    x = torch.randn(5, 2 * 83, device=device)
+    out = torch.empty(5, 83, device=device)
+    torch.library.opcheck(_op(name).default, (out, x))
+
+
+def test_torch_compile(device):
+    def f(x):
+        out = torch.empty(x.shape[0], x.shape[1] // 2, dtype=x.dtype, device=x.device)
+        torch.ops._C.silu_and_mul(out, x)
+        return out * 2
+
+    _op("silu_and_mul")
+    x = torch.randn(9, 2 * 77, device=device)
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(x), 2 * act_and_mul_ref("silu_and_mul", x))

@@ -1,0 +1,84 @@
+"""rms_norm and fused_add_rms_norm against the fp32 reference."""
+
+import pytest
+import torch
+
+import aphrodite_ext
+from aphrodite_ext.ops.layernorm import fused_add_rms_norm_ref, rms_norm_ref
+
+TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}
+SHAPES = [(7, 768), (83, 769), (4, 5120), (3, 5125), (2, 3, 8192), (1, 1), (129, 64)]
+
+
+@pytest.fixture(autouse=True)
+def _load():
+    aphrodite_ext.load("_C")
+
+
+@pytest.mark.parametrize("dtype", list(TOL))
+@pytest.mark.parametrize("shape", SHAPES)
+def test_rms_norm(device, dtype, shape):
+    x = torch.randn(*shape, dtype=dtype, device=device) * 2 + 0.5
+    w = torch.randn(shape[-1], dtype=dtype, device=device)
+    eps = float(torch.empty(()).uniform_(1e-6, 1e-4))
+    out = torch.full_like(x, float("nan"))
+    torch.ops._C.rms_norm(out, x, w, eps)
+    torch.testing.assert_close(out, rms_norm_ref(x, w, eps), atol=TOL[dtype][0],
+                               rtol=TOL[dtype][1])
+
+
+@pytest.mark.parametrize("dtype", list(TOL))
+@pytest.mark.parametrize("shape", SHAPES)
+def test_fused_add_rms_norm(device, dtype, shape):
+    x = torch.randn(*shape, dtype=dtype, device=device)
+    residual = torch.randn(*shape, dtype=dtype, device=device)
+    w = torch.randn(shape[-1], dtype=dtype, device=device)
+    ref_out, ref_residual = fused_add_rms_norm_ref(x, residual, w, 1e-6)
+    torch.ops._C.fused_add_rms_norm(x, residual, w, 1e-6)
+    torch.testing.assert_close(residual, ref_residual, atol=0, rtol=0)
+    torch.testing.assert_close(x, ref_out, atol=TOL[dtype][0], rtol=TOL[dtype][1])
+
+
+def test_strided_input(device):
+    base = torch.randn(13, 1100, dtype=torch.bfloat16, device=device)
+    x = base[:, 50:50 + 1027]
+    w = torch.randn(1027, dtype=torch.bfloat16, device=device)
+    out = torch.full((13, 1027), float("nan"), dtype=torch.bfloat16, device=device)
+    torch.ops._C.rms_norm(out, x, w, 1e-5)
+    torch.testing.assert_close(out, rms_norm_ref(x, w, 1e-5), atol=1.6e-2, rtol=1.6e-2)
+
+
+@pytest.mark.parametrize("bad, match", [
+    (lambda o, x, w: (o, x, w[:-1], 1e-6), r"weight must have shape \[64\]"),
+    (lambda o, x, w: (o, x, w.float(), 1e-6), "weight must be"),
+    (lambda o, x, w: (o[:-1], x, w, 1e-6), "result must have the shape"),
+    (lambda o, x, w: (o, x, w, -1.0), "epsilon"),
+    (lambda o, x, w: (o, x.double(), w, 1e-6), "float32, float16 or bfloat16"),
+])
+def test_rejects_bad_input(device, bad, match):
+    x = torch.randn(4, 64, dtype=torch.float16, device=device)
+    w = torch.randn(64, dtype=torch.float16, device=device)
+    with pytest.raises(RuntimeError, match=match):
+        torch.ops._C.rms_norm(*bad(torch.empty_like(x), x, w))
+
+
+def test_opcheck(device):
+    x = torch.randn(5, 83, device=device)
+    w = torch.randn(83, device=device)
+    torch.library.opcheck(torch.ops._C.rms_norm.default, (torch.empty_like(x), x, w, 1e-6))
+    torch.library.opcheck(torch.ops._C.fused_add_rms_norm.default,
+                          (x.clone(), torch.randn_like(x), w, 1e-6))
+
+
+def test_torch_compile(device):
+    def f(x, residual, w):
+        torch.ops._C.fused_add_rms_norm(x, residual, w, 1e-6)
+        return x + 1, residual
+
+    x = torch.randn(6, 96, device=device)
+    residual = torch.randn_like(x)
+    w = torch.randn(96, device=device)
+    ref_out, ref_res = fused_add_rms_norm_ref(x, residual, w, 1e-6)
+    out, res = torch.compile(f, fullgraph=True, backend="aot_eager")(x.clone(), residual.clone(), w)
+    torch.testing.assert_close(out, ref_out + 1)
+    torch.testing.assert_close(res, ref_res)
