@@ -106,7 +106,7 @@ inline void select_by_passes(const float* p, int32_t* keys, int64_t n, int64_t k
       const vec::vi a = vec::loadu(keys + i);
       m0 = a > m0 ? a : m0;
     }
-    const vec::vi best = vec::bcasti(vec::hmax(m0 > m1 ? m0 : m1));
+    const vec::vi best = vec::allmax(m0 > m1 ? m0 : m1);
     int64_t idx = 0;
     for (i = 0; i < padded; i += L) {
       const int lane = vec::first_set(vec::loadu(keys + i) == best);
@@ -121,7 +121,7 @@ inline void select_by_passes(const float* p, int32_t* keys, int64_t n, int64_t k
   }
 }
 
-constexpr int64_t kMaxPassK = 16;  // beyond this the streaming insertion is used
+constexpr int64_t kMaxPassK = 64;  // beyond this the streaming insertion is used
 
 template <ScalarType T>
 void topk_softmax_rows(const moe::TopkSoftmaxProblem& p, int64_t row_begin, int64_t row_end) {
@@ -145,7 +145,7 @@ void topk_softmax_rows(const moe::TopkSoftmaxProblem& p, int64_t row_begin, int6
       const vf v = load_logits<T>(g, i, E, kNegInf);
       vm = v > vm ? v : vm;
     }
-    const vf m = vec::bcast(vec::hmax(vm));
+    const vf m = vec::allmax(vm);
 
     // Softmax denominator; the exponentials are kept when the row fits in buf.
     vf s0{}, s1{};
@@ -165,7 +165,7 @@ void topk_softmax_rows(const moe::TopkSoftmaxProblem& p, int64_t row_begin, int6
       if (fits) vec::storeu(buf + i, e0);
       s0 += e0;
     }
-    const vf sum = vec::bcast(vec::hsum(s0 + s1));
+    const vf sum = vec::allsum(s0 + s1);
 
     int64_t found = k_valid;
     if (by_passes) {

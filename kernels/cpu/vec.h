@@ -8,14 +8,16 @@
 // the baseline build, 32 for AVX2, 64 for AVX-512). Torch-free.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <utility>
 
 #include "common/scalar_type.h"
 
-#if defined(__F16C__) || defined(__AVX512F__) || defined(__FMA__)
-#include <immintrin.h>
+#if defined(__SSE__)
+#include <immintrin.h>  // only the intrinsics of the ISA being compiled are used (see #ifs)
 #endif
 
 #ifndef APHRODITE_CPU_ISA
@@ -44,6 +46,10 @@ typedef uint16_t vh __attribute__((vector_size(kVecBytes / 2)));  // kLanes 16-b
 /// The storage type of one element of dtype T: fp32 as float, bf16/fp16 as their bits.
 template <ScalarType T>
 using storage_t = std::conditional_t<T == ScalarType::kFloat32, float, uint16_t>;
+
+// Several unmasked AVX-512 intrinsics trip a GCC 12 -Wmaybe-uninitialized false positive
+// (_mm512_undefined_*); their maskz forms with a full mask are used instead and compile to the
+// same unmasked instructions.
 
 // ------------------------------------------------------------------------------------------
 // Basic vector operations.
@@ -75,9 +81,30 @@ APHRODITE_VEC_INLINE vf vabs(vf x) { return as_f(as_u(x) & 0x7fffffffu); }
 APHRODITE_VEC_INLINE vf copysign(vf mag, vf sgn) {
   return as_f((as_u(mag) & 0x7fffffffu) | (as_u(sgn) & 0x80000000u));
 }
-/// min/max that return x when x is NaN.
-APHRODITE_VEC_INLINE vf vmin(vf x, vf hi) { return x > hi ? hi : x; }
-APHRODITE_VEC_INLINE vf vmax(vf x, vf lo) { return x < lo ? lo : x; }
+/// min(x, hi) and max(x, lo) that return x when x is NaN (MINPS/MAXPS return their second
+/// operand when either is NaN).
+APHRODITE_VEC_INLINE vf vmin(vf x, vf hi) {
+#if defined(__AVX512F__)
+  return _mm512_maskz_min_ps(static_cast<__mmask16>(0xffff), hi, x);
+#elif defined(__AVX__)
+  return _mm256_min_ps(hi, x);
+#elif defined(__SSE__)
+  return _mm_min_ps(hi, x);
+#else
+  return x > hi ? hi : x;
+#endif
+}
+APHRODITE_VEC_INLINE vf vmax(vf x, vf lo) {
+#if defined(__AVX512F__)
+  return _mm512_maskz_max_ps(static_cast<__mmask16>(0xffff), lo, x);
+#elif defined(__AVX__)
+  return _mm256_max_ps(lo, x);
+#elif defined(__SSE__)
+  return _mm_max_ps(lo, x);
+#else
+  return x < lo ? lo : x;
+#endif
+}
 
 /// a * b + c (contracted to one FMA where the ISA has one).
 APHRODITE_VEC_INLINE vf fmadd(vf a, vf b, vf c) { return a * b + c; }
@@ -101,23 +128,34 @@ APHRODITE_VEC_INLINE vf square_err(vf x, vf hi) {
 #endif
 }
 
-/// Horizontal sum in a fixed (pairwise) order.
-APHRODITE_VEC_INLINE float hsum(vf v) {
-  float a[kLanes];
-  std::memcpy(a, &v, sizeof(v));
-  for (int w = kLanes / 2; w > 0; w /= 2)
-    for (int i = 0; i < w; ++i) a[i] += a[i + w];
-  return a[0];
+namespace detail {
+template <int W, class V, std::size_t... I>
+APHRODITE_VEC_INLINE V xor_lanes(V v, std::index_sequence<I...>) {
+  return __builtin_shufflevector(v, v, static_cast<int>(I ^ W)...);
 }
+/// op folded over all lanes by a butterfly; every lane ends up holding the result.
+template <class V, class Op>
+APHRODITE_VEC_INLINE V allreduce(V v, Op op) {
+  constexpr auto idx = std::make_index_sequence<kLanes>{};
+  if constexpr (kLanes >= 16) v = op(v, xor_lanes<8>(v, idx));
+  if constexpr (kLanes >= 8) v = op(v, xor_lanes<4>(v, idx));
+  v = op(v, xor_lanes<2>(v, idx));
+  return op(v, xor_lanes<1>(v, idx));
+}
+}  // namespace detail
 
-/// Horizontal max; NaN lanes are ignored (an all-NaN vector gives -inf only if seeded so).
-APHRODITE_VEC_INLINE float hmax(vf v) {
-  float a[kLanes];
-  std::memcpy(a, &v, sizeof(v));
-  for (int w = kLanes / 2; w > 0; w /= 2)
-    for (int i = 0; i < w; ++i) a[i] = a[i + w] > a[i] ? a[i + w] : a[i];
-  return a[0];
+/// Sum of all lanes (fixed butterfly order), in every lane.
+APHRODITE_VEC_INLINE vf allsum(vf v) {
+  return detail::allreduce(v, [](vf a, vf b) { return a + b; });
 }
+/// Max of all lanes, in every lane; NaN lanes are ignored unless all are NaN.
+APHRODITE_VEC_INLINE vf allmax(vf v) {
+  return detail::allreduce(v, [](vf a, vf b) { return b > a ? b : (a == a ? a : b); });
+}
+APHRODITE_VEC_INLINE vi allmax(vi v) {
+  return detail::allreduce(v, [](vi a, vi b) { return b > a ? b : a; });
+}
+APHRODITE_VEC_INLINE float hsum(vf v) { return allsum(v)[0]; }
 
 /// True if any lane of the comparison mask is set.
 APHRODITE_VEC_INLINE bool any(vi m) {
@@ -149,15 +187,6 @@ APHRODITE_VEC_INLINE int first_set(vi m) {
 #endif
 }
 
-/// Horizontal max of int32 lanes.
-APHRODITE_VEC_INLINE int32_t hmax(vi v) {
-  int32_t a[kLanes];
-  std::memcpy(a, &v, sizeof(v));
-  for (int w = kLanes / 2; w > 0; w /= 2)
-    for (int i = 0; i < w; ++i) a[i] = a[i + w] > a[i] ? a[i + w] : a[i];
-  return a[0];
-}
-
 APHRODITE_VEC_INLINE vi loadu(const int32_t* p) {
   vi v;
   std::memcpy(&v, p, sizeof(v));
@@ -181,15 +210,49 @@ APHRODITE_VEC_INLINE uint16_t f32_to_bf16(float f) {
 // ------------------------------------------------------------------------------------------
 // Vector conversions.
 
+/// bf16 bits of f (round to nearest even; NaN quieted) in the low half of each 32-bit lane.
+APHRODITE_VEC_INLINE vu bf16_round_bits(vf f) {
+  const vu u = as_u(f);
+  const vu rounded = u + 0x7fffu + ((u >> 16) & 1u);
+  return (f == f ? rounded : (u | 0x00400000u)) >> 16;
+}
 APHRODITE_VEC_INLINE vf bf16_to_f32(vh h) {
   return as_f(__builtin_convertvector(h, vu) << 16);
 }
 APHRODITE_VEC_INLINE vh f32_to_bf16(vf f) {
-  const vu u = as_u(f);
-  const vu rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-  const vu quiet = (u >> 16) | 0x40u;
-  const vi is_nan = (vi)(u & 0x7fffffffu) > 0x7f800000;
-  return __builtin_convertvector(is_nan ? quiet : rounded, vh);
+  return __builtin_convertvector(bf16_round_bits(f), vh);
+}
+
+/// kLanes bf16 values from p, as fp32.
+APHRODITE_VEC_INLINE vf load_bf16(const uint16_t* p) {
+#if defined(__AVX512F__)
+  const __m512i w = _mm512_maskz_cvtepu16_epi32(
+      static_cast<__mmask16>(0xffff), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return as_f((vu)w << 16);
+#elif defined(__AVX2__)
+  const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return as_f((vu)w << 16);
+#else
+  vh h;
+  std::memcpy(&h, p, sizeof(h));
+  return bf16_to_f32(h);
+#endif
+}
+
+/// Stores the low 16 bits of each lane of r (every lane must be <= 0xffff).
+APHRODITE_VEC_INLINE void store_u16(uint16_t* p, vu r) {
+#if defined(__AVX512F__)
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
+                      _mm512_maskz_cvtepi32_epi16(static_cast<__mmask16>(0xffff), (__m512i)r));
+#elif defined(__AVX2__)
+  const __m256i x = (__m256i)r;
+  const __m128i packed =
+      _mm_packus_epi32(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
+#else
+  const vh h = __builtin_convertvector(r, vh);
+  std::memcpy(p, &h, sizeof(h));
+#endif
 }
 
 /// fp16 bits -> fp32, exact (subnormals, infinities and NaNs included; NaNs are quieted).
@@ -228,8 +291,6 @@ APHRODITE_VEC_INLINE vh f32_to_f16_soft(vf f) {
 
 APHRODITE_VEC_INLINE vf f16_to_f32(vh h) {
 #if defined(__AVX512F__)
-  // The maskz forms with a full mask avoid a GCC 12 -Wmaybe-uninitialized false positive
-  // in the unmasked intrinsics; they compile to the plain instruction.
   return _mm512_maskz_cvtph_ps(static_cast<__mmask16>(0xffff), (__m256i)h);
 #elif defined(__F16C__) && defined(__AVX__)
   return _mm256_cvtph_ps((__m128i)h);
@@ -252,24 +313,15 @@ APHRODITE_VEC_INLINE vh f32_to_f16(vf f) {
 // Typed loads and stores: kLanes elements of dtype T <-> one fp32 vector.
 
 template <ScalarType T>
-APHRODITE_VEC_INLINE vf to_f32(vh h) {
-  if constexpr (T == ScalarType::kBFloat16) return bf16_to_f32(h);
-  else return f16_to_f32(h);
-}
-template <ScalarType T>
-APHRODITE_VEC_INLINE vh from_f32(vf f) {
-  if constexpr (T == ScalarType::kBFloat16) return f32_to_bf16(f);
-  else return f32_to_f16(f);
-}
-
-template <ScalarType T>
 APHRODITE_VEC_INLINE vf load(const storage_t<T>* p) {
   if constexpr (T == ScalarType::kFloat32) {
     return loadu(p);
+  } else if constexpr (T == ScalarType::kBFloat16) {
+    return load_bf16(p);
   } else {
     vh h;
     std::memcpy(&h, p, sizeof(h));
-    return to_f32<T>(h);
+    return f16_to_f32(h);
   }
 }
 
@@ -277,8 +329,10 @@ template <ScalarType T>
 APHRODITE_VEC_INLINE void store(storage_t<T>* p, vf v) {
   if constexpr (T == ScalarType::kFloat32) {
     storeu(p, v);
+  } else if constexpr (T == ScalarType::kBFloat16) {
+    store_u16(p, bf16_round_bits(v));
   } else {
-    const vh h = from_f32<T>(v);
+    const vh h = f32_to_f16(v);
     std::memcpy(p, &h, sizeof(h));
   }
 }
@@ -289,10 +343,14 @@ APHRODITE_VEC_INLINE vf store_rounded(storage_t<T>* p, vf v) {
   if constexpr (T == ScalarType::kFloat32) {
     storeu(p, v);
     return v;
+  } else if constexpr (T == ScalarType::kBFloat16) {
+    const vu r = bf16_round_bits(v);
+    store_u16(p, r);
+    return as_f(r << 16);
   } else {
-    const vh h = from_f32<T>(v);
+    const vh h = f32_to_f16(v);
     std::memcpy(p, &h, sizeof(h));
-    return to_f32<T>(h);
+    return f16_to_f32(h);
   }
 }
 
@@ -380,7 +438,9 @@ APHRODITE_VEC_INLINE vf erfc_core(vf a, vf s_hi, vf s_lo) {
   q = fmadd(q, v, bcast(8.62610415e-2f));
   q = fmadd(q, v, bcast(1.36937821e+0f));
   q = fmadd(q, v, bcast(-5.53635001e-1f));
-  // u = q - a^2 with its rounding error (two-sum), so that large a keep full accuracy.
+  // u = q - a^2 with its rounding error (two-sum), so that large a keep full accuracy. FMA
+  // contraction of the product that formed s_hi into these sums changes nothing when that
+  // product is exact (normal_cdf: s_hi = (x*x)/2); erf only needs erfc to absolute accuracy.
   const vf b = -s_hi;
   const vf u = q + b;
   const vf bv = u - q;

@@ -1,0 +1,73 @@
+"""The one benchmark harness: times callables on the GPU (CUDA events, median of many
+repetitions after warm-up) or the CPU (wall clock, median), and writes results as markdown and
+JSON under benchmarks/results/ with the device, date and commit."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import platform
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+import torch
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def median_ms(fn, device: str, warmup: int = 10, reps: int = 100) -> float:
+    for _ in range(warmup):
+        fn()
+    if device == "cuda":
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(reps):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        return statistics.median(times)
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def device_name(device: str) -> str:
+    if device == "cuda":
+        return torch.cuda.get_device_name()
+    return f"{platform.processor() or platform.machine()} CPU, {torch.get_num_threads()} threads"
+
+
+def commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, cwd=RESULTS.parent).stdout.strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
+def write(name: str, device: str, header: list[str], rows: list[list], out_dir: Path | None = None,
+          notes: str = "") -> str:
+    """Writes results/<name>_<device>.md and .json; returns the markdown."""
+    meta = {"device": device_name(device), "date": datetime.date.today().isoformat(),
+            "commit": commit(), "torch": torch.__version__}
+    lines = [f"# {name}", "", f"device: {meta['device']}; date: {meta['date']}; "
+             f"commit: {meta['commit']}; torch {meta['torch']}", ""]
+    if notes:
+        lines += [notes, ""]
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    text = "\n".join(lines) + "\n"
+    for directory in filter(None, [RESULTS, out_dir]):
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / f"{name}_{device}.md").write_text(text)
+        (directory / f"{name}_{device}.json").write_text(
+            json.dumps({**meta, "header": header, "rows": rows}, indent=1))
+    return text

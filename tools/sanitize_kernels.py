@@ -1,0 +1,27 @@
+"""Calls every GPU kernel once on small, odd-sized inputs; run under compute-sanitizer
+(memcheck, racecheck) by tools/gpu_run.sh."""
+
+import torch
+
+import aphrodite_ext
+
+aphrodite_ext.load("_C")
+aphrodite_ext.load("_moe_C")
+dev = "cuda"
+for dtype in (torch.float32, torch.bfloat16):
+    for tokens, d in ((3, 769), (5, 4096)):
+        x = torch.randn(tokens, 2 * d, dtype=dtype, device=dev)
+        out = torch.empty(tokens, d, dtype=dtype, device=dev)
+        for name in ("silu_and_mul", "gelu_and_mul", "gelu_tanh_and_mul"):
+            getattr(torch.ops._C, name)(out, x)
+        w = torch.randn(d, dtype=dtype, device=dev)
+        h = x[:, :d].contiguous()
+        torch.ops._C.rms_norm(out, h, w, 1e-6)
+        torch.ops._C.fused_add_rms_norm(h, out, w, 1e-6)
+for experts, k in ((8, 2), (64, 8), (256, 8), (83, 5), (600, 4)):
+    g = torch.randn(9, experts, device=dev)
+    tw = torch.empty(9, k, device=dev)
+    ti = torch.empty(9, k, dtype=torch.int32, device=dev)
+    torch.ops._moe_C.topk_softmax(tw, ti, torch.empty_like(ti), g, True)
+torch.cuda.synchronize()
+print("sanitize_kernels: all kernels ran")
