@@ -134,6 +134,22 @@ function(_aphrodite_json_array out)
   set(${out} "[${_joined}]" PARENT_SCOPE)
 endfunction()
 
+# A torch extension must share torch's libstdc++: a GCC toolchain without a shared one links
+# a static copy into the module, whose uninitialised iostreams crash on the first error
+# message (seen with a compiler under /opt/gcc).
+function(_aphrodite_check_shared_libstdcxx)
+  if(NOT CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
+    return()
+  endif()
+  execute_process(COMMAND "${CMAKE_CXX_COMPILER}" -print-file-name=libstdc++.so
+    OUTPUT_VARIABLE _lib OUTPUT_STRIP_TRAILING_WHITESPACE)
+  if(NOT IS_ABSOLUTE "${_lib}")
+    message(FATAL_ERROR "The C++ compiler ${CMAKE_CXX_COMPILER} has no shared libstdc++, so "
+      "the modules would carry a static copy that crashes beside torch's: build with a "
+      "compiler that has one, e.g. CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++")
+  endif()
+endfunction()
+
 function(_aphrodite_create_module target)
   get_property(_bindings GLOBAL PROPERTY APHRODITE_BINDINGS_${target})
   Python3_add_library(${target} MODULE USE_SABI 3.10 WITH_SOABI
@@ -156,6 +172,7 @@ function(aphrodite_finalize)
   get_property(_extensions GLOBAL PROPERTY APHRODITE_EXTENSIONS)
   get_property(_families GLOBAL PROPERTY APHRODITE_FAMILIES)
 
+  _aphrodite_check_shared_libstdcxx()
   set(_family_json "{}")
   foreach(_unknown IN LISTS APHRODITE_DISABLE_FAMILIES)
     if(NOT _unknown IN_LIST _families)

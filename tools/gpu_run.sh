@@ -10,6 +10,8 @@ cd "$(dirname "$0")/.."
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
 if [ -n "${1:-}" ]; then export TORCH_CUDA_ARCH_LIST="$1"; fi
+# The image's default CXX (/opt/gcc) has no shared libstdc++; the system g++ does.
+if [ -x /usr/bin/g++ ]; then export CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++; fi
 
 start=$(date +%s)
 APHRODITE_TARGET_DEVICE=cuda MAX_JOBS=${MAX_JOBS:-16} \

@@ -30,7 +30,9 @@ constexpr int kThreadQuantum = 64;
 constexpr int kCacheSteps[] = {1, 2, 4, 8};
 /// Largest register cache (vectors per thread), used with up to 512 threads per row.
 constexpr int kMaxCache = 8;
-/// Grid limit; the kernel loops over rows beyond it.
+/// Rows (or row groups) each block of the pipelined kernel handles.
+constexpr int64_t kRowsPerBlock = 4;
+/// Grid limit; the kernels loop over rows beyond it.
 constexpr int64_t kMaxGridX = int64_t{1} << 20;
 
 /// N consecutive elements moved with one load or store of sizeof(T) * N bytes.
@@ -53,6 +55,19 @@ __device__ __forceinline__ T from_float(float v) {
     static_assert(std::is_same_v<T, __nv_bfloat16>, "unsupported element type");
     return __float2bfloat16(v);
   }
+}
+
+/// Hides v's value from the optimiser, so that the fp32 copies made for the sum of squares are
+/// not kept alive until the output pass (the packed elements take half the registers).
+template <typename V>
+__device__ __forceinline__ void launder(V& v) {
+#if !defined(USE_ROCM)
+  if constexpr (sizeof(V) % 4 == 0) {
+    uint32_t* words = reinterpret_cast<uint32_t*>(&v);
+#pragma unroll
+    for (size_t i = 0; i < sizeof(V) / 4; ++i) asm volatile("" : "+r"(words[i]));
+  }
+#endif
 }
 
 /// Both problems in one shape. Plain: out/in are the output and input. Fused: out == in is the
@@ -92,6 +107,76 @@ __device__ __forceinline__ float row_sum(float v, float* smem) {
   for (int i = 0; i < num_warps; ++i) total += smem[i];
   __syncthreads();  // smem is reused by the next row
   return total;
+}
+
+/// Plain rms_norm with the row in registers (kCache vectors per thread, which must cover it),
+/// software-pipelined over the rows a block handles (row, row + rows of the grid, ...): the loads
+/// of the next row are issued before the current row is normalised and stored, so every block
+/// keeps loads in flight through its store phase.
+template <typename T, int kVec, int kCache>
+__global__ void __launch_bounds__(kMaxCachedThreads) rms_norm_pipelined_kernel(const NormArgs<T> a) {
+  using V = Vec<T, kVec>;
+  __shared__ float smem[32];
+  const int num_vecs = static_cast<int>(a.hidden / kVec);
+  const int tx = static_cast<int>(blockDim.x);
+  const int first = static_cast<int>(threadIdx.x);
+  const float hidden = static_cast<float>(a.hidden);
+  const V* w = reinterpret_cast<const V*>(a.weight);
+  const int64_t row_step = static_cast<int64_t>(gridDim.x) * blockDim.y;
+  auto load_row = [&](int64_t row, V (&dst)[kCache]) {
+    if (row < a.rows) {
+      const V* x = reinterpret_cast<const V*>(a.in + row * a.in_stride);
+#pragma unroll
+      for (int i = 0; i < kCache; ++i) {
+        const int c = first + i * tx;
+        if (c < num_vecs) dst[i] = x[c];
+      }
+    }
+  };
+
+  int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
+  V cur[kCache] = {};
+  load_row(row, cur);
+  // The loop bound is uniform across the block, so every thread reaches every row_sum.
+  for (int64_t row0 = static_cast<int64_t>(blockIdx.x) * blockDim.y; row0 < a.rows;
+       row0 += row_step, row += row_step) {
+    const bool valid = row < a.rows;
+    float ss = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kCache; ++i) {
+      const int c = first + i * tx;
+      if (valid && c < num_vecs) {
+        const V& v = cur[i];
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) {
+          const float f = to_float(v.v[e]);
+          ss += f * f;
+        }
+      }
+    }
+    const float inv_rms = rsqrtf(row_sum(ss, smem) / hidden + a.epsilon);
+    V next[kCache] = {};
+    load_row(row + row_step, next);
+    if (valid) {
+      V* o = reinterpret_cast<V*>(a.out + row * a.out_stride);
+#pragma unroll
+      for (int i = 0; i < kCache; ++i) {
+        const int c = first + i * tx;
+        if (c < num_vecs) {
+          launder(cur[i]);
+          const V wv = w[c];
+          V y;
+#pragma unroll
+          for (int e = 0; e < kVec; ++e) {
+            y.v[e] = from_float<T>(to_float(cur[i].v[e]) * inv_rms * to_float(wv.v[e]));
+          }
+          o[c] = y;
+        }
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kCache; ++i) cur[i] = next[i];
+  }
 }
 
 /// One row per threadIdx.y; threadIdx.x walks the row's vectors of kVec elements. kCache > 0:
@@ -142,24 +227,26 @@ __global__ void __launch_bounds__(kCache > 0 ? kMaxCachedThreads : kMaxThreads)
       }
       return s;
     };
-    auto store_out = [&](int c, const V& v, float inv_rms) {
-      const V wv = w[c];
+    auto normalise = [&](const V& v, const V& wv, float inv_rms) {
       V y;
 #pragma unroll
       for (int i = 0; i < kVec; ++i) {
         y.v[i] = from_float<T>(to_float(v.v[i]) * inv_rms * to_float(wv.v[i]));
       }
-      o[c] = y;
+      return y;
     };
 
     float ss = 0.0f;
     if constexpr (kCache > 0) {
+      // The weights are loaded with the row so that their latency overlaps the row's.
       V cache[kCache];
+      V wcache[kCache];
 #pragma unroll
       for (int i = 0; i < kCache; ++i) {
         const int c = first + i * tx;
         if (valid && c < num_vecs) {
           cache[i] = load_first(c);
+          wcache[i] = w[c];
           ss += sum_squares(cache[i]);
         }
       }
@@ -167,7 +254,11 @@ __global__ void __launch_bounds__(kCache > 0 ? kMaxCachedThreads : kMaxThreads)
 #pragma unroll
       for (int i = 0; i < kCache; ++i) {
         const int c = first + i * tx;
-        if (valid && c < num_vecs) store_out(c, cache[i], inv_rms);
+        if (valid && c < num_vecs) {
+          launder(cache[i]);
+          launder(wcache[i]);
+          o[c] = normalise(cache[i], wcache[i], inv_rms);
+        }
       }
     } else {
       for (int c = first; valid && c < num_vecs; c += tx) ss += sum_squares(load_first(c));
@@ -175,7 +266,7 @@ __global__ void __launch_bounds__(kCache > 0 ? kMaxCachedThreads : kMaxThreads)
       // Fused: re-read the residual this thread stored in the first pass.
       const V* src = x;
       if constexpr (kFused) src = res;
-      for (int c = first; valid && c < num_vecs; c += tx) store_out(c, src[c], inv_rms);
+      for (int c = first; valid && c < num_vecs; c += tx) o[c] = normalise(src[c], w[c], inv_rms);
     }
   }
 }
@@ -186,11 +277,17 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 template <typename T, int kVec, int kCache, bool kFused>
 gpuError_t launch_kernel(const NormArgs<T>& a, int64_t tx, int64_t ty, gpuStream_t stream) {
+  constexpr bool kPipelined = kCache > 0 && !kFused;
   int64_t blocks = ceil_div(a.rows, ty);
+  if (kPipelined) blocks = ceil_div(blocks, kRowsPerBlock);
   if (blocks > kMaxGridX) blocks = kMaxGridX;
   const dim3 grid(static_cast<unsigned>(blocks));
   const dim3 block(static_cast<unsigned>(tx), static_cast<unsigned>(ty));
-  rms_norm_kernel<T, kVec, kCache, kFused><<<grid, block, 0, stream>>>(a);
+  if constexpr (kPipelined) {
+    rms_norm_pipelined_kernel<T, kVec, kCache><<<grid, block, 0, stream>>>(a);
+  } else {
+    rms_norm_kernel<T, kVec, kCache, kFused><<<grid, block, 0, stream>>>(a);
+  }
   return gpuGetLastError();
 }
 
