@@ -13,16 +13,18 @@ set(_APHRODITE_DEVICES auto cuda rocm cpu)
 set(APHRODITE_TARGET_DEVICE "auto" CACHE STRING "Backend to build: ${_APHRODITE_DEVICES}")
 set_property(CACHE APHRODITE_TARGET_DEVICE PROPERTY STRINGS ${_APHRODITE_DEVICES})
 if(NOT APHRODITE_TARGET_DEVICE IN_LIST _APHRODITE_DEVICES)
+  list(JOIN _APHRODITE_DEVICES ", " _valid)
   message(FATAL_ERROR "APHRODITE_TARGET_DEVICE='${APHRODITE_TARGET_DEVICE}' is not a backend; "
-    "use one of: ${_APHRODITE_DEVICES}")
+    "use one of: ${_valid}")
 endif()
 
 set(_APHRODITE_BUILD_TYPES Release Debug RelWithDebInfo MinSizeRel)
 if(NOT CMAKE_BUILD_TYPE)
   set(CMAKE_BUILD_TYPE Release CACHE STRING "Build type: ${_APHRODITE_BUILD_TYPES}" FORCE)
 elseif(NOT CMAKE_BUILD_TYPE IN_LIST _APHRODITE_BUILD_TYPES)
+  list(JOIN _APHRODITE_BUILD_TYPES ", " _valid)
   message(FATAL_ERROR "CMAKE_BUILD_TYPE='${CMAKE_BUILD_TYPE}' is not a build type; "
-    "use one of: ${_APHRODITE_BUILD_TYPES}")
+    "use one of: ${_valid}")
 endif()
 
 set(APHRODITE_NVCC_THREADS "1" CACHE STRING "Threads each nvcc invocation may use (--threads)")

@@ -1,7 +1,8 @@
 // GPU kernels for RMS normalisation, plain and fused with the residual add (layernorm.h).
-// Narrow rows share a block (a group of up to one warp per row); wide rows get a block each.
-// Rows of up to 4096 vectors stay in registers between the sum-of-squares pass and the output
-// pass; wider rows are read twice. Torch-free.
+// Narrow rows share a block (a power-of-two lane group of at most a warp per row); wide rows get
+// a block each. Rows of up to 4096 vectors (16 bytes each on the vectorised path) stay in
+// registers between the sum-of-squares pass and the output pass; wider rows are read twice.
+// Every thread issues all of its loads for a row before it uses any of them. Torch-free.
 #include "layernorm/layernorm.h"
 
 #include <cstdint>
@@ -18,8 +19,10 @@ constexpr gpuError_t kErrorInvalidValue = hipErrorInvalidValue;
 constexpr gpuError_t kErrorInvalidValue = cudaErrorInvalidValue;
 #endif
 
-/// Largest block; also the launch bound of the kernel that re-reads rows.
-constexpr int kMaxThreads = 1024;
+/// Block of the kernel that re-reads rows; also its launch bound.
+constexpr int kStreamThreads = 512;
+/// Vectors per thread and step that the row-re-reading kernel loads before using them.
+constexpr int kStreamBatch = 4;
 /// Largest block of the kernels that keep rows in registers; also their launch bound.
 constexpr int kMaxCachedThreads = 512;
 /// Threads per block when several narrow rows share a block.
@@ -30,8 +33,9 @@ constexpr int kThreadQuantum = 64;
 constexpr int kCacheSteps[] = {1, 2, 4, 8};
 /// Largest register cache (vectors per thread), used with up to 512 threads per row.
 constexpr int kMaxCache = 8;
-/// Rows (or row groups) each block of the pipelined kernel handles.
-constexpr int64_t kRowsPerBlock = 4;
+/// Plain rms_norm with rows in registers: when one row (group) per block would make more blocks
+/// than this, each block takes two and loads the second while it stores the first.
+constexpr int64_t kPipelineMinBlocks = 8192;
 /// Grid limit; the kernels loop over rows beyond it.
 constexpr int64_t kMaxGridX = int64_t{1} << 20;
 
@@ -109,12 +113,33 @@ __device__ __forceinline__ float row_sum(float v, float* smem) {
   return total;
 }
 
-/// Plain rms_norm with the row in registers (kCache vectors per thread, which must cover it),
-/// software-pipelined over the rows a block handles (row, row + rows of the grid, ...): the loads
-/// of the next row are issued before the current row is normalised and stored, so every block
-/// keeps loads in flight through its store phase.
+template <typename T, int N>
+__device__ __forceinline__ float sum_squares(const Vec<T, N>& v) {
+  float s = 0.0f;
+#pragma unroll
+  for (int e = 0; e < N; ++e) {
+    const float f = to_float(v.v[e]);
+    s += f * f;
+  }
+  return s;
+}
+
+/// T(v * inv_rms * w), elementwise in fp32.
+template <typename T, int N>
+__device__ __forceinline__ Vec<T, N> normalise(const Vec<T, N>& v, const Vec<T, N>& w,
+                                               float inv_rms) {
+  Vec<T, N> y;
+#pragma unroll
+  for (int e = 0; e < N; ++e) y.v[e] = from_float<T>(to_float(v.v[e]) * inv_rms * to_float(w.v[e]));
+  return y;
+}
+
+/// Plain rms_norm with the row in registers: thread x of a row holds vectors x, x + blockDim.x,
+/// ... (kCache of them, which must cover the row). Rows are taken row, row + rows of the grid,
+/// ..., and software-pipelined: the next row's loads are issued before the current row is
+/// normalised and stored. The host guarantees that hidden / kVec fits an int.
 template <typename T, int kVec, int kCache>
-__global__ void __launch_bounds__(kMaxCachedThreads) rms_norm_pipelined_kernel(const NormArgs<T> a) {
+__global__ void __launch_bounds__(kMaxCachedThreads) rms_norm_cached_kernel(const NormArgs<T> a) {
   using V = Vec<T, kVec>;
   __shared__ float smem[32];
   const int num_vecs = static_cast<int>(a.hidden / kVec);
@@ -134,28 +159,16 @@ __global__ void __launch_bounds__(kMaxCachedThreads) rms_norm_pipelined_kernel(c
     }
   };
 
-  int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
-  V cur[kCache] = {};
-  load_row(row, cur);
-  // The loop bound is uniform across the block, so every thread reaches every row_sum.
-  for (int64_t row0 = static_cast<int64_t>(blockIdx.x) * blockDim.y; row0 < a.rows;
-       row0 += row_step, row += row_step) {
+  // Normalises and stores `row` from `cur` after issuing the loads of the block's next row into
+  // `next`. Uniform across the block: every thread reaches every row_sum.
+  auto process = [&](int64_t row, V (&cur)[kCache], V (&next)[kCache]) {
     const bool valid = row < a.rows;
     float ss = 0.0f;
 #pragma unroll
     for (int i = 0; i < kCache; ++i) {
-      const int c = first + i * tx;
-      if (valid && c < num_vecs) {
-        const V& v = cur[i];
-#pragma unroll
-        for (int e = 0; e < kVec; ++e) {
-          const float f = to_float(v.v[e]);
-          ss += f * f;
-        }
-      }
+      if (valid && first + i * tx < num_vecs) ss += sum_squares(cur[i]);
     }
     const float inv_rms = rsqrtf(row_sum(ss, smem) / hidden + a.epsilon);
-    V next[kCache] = {};
     load_row(row + row_step, next);
     if (valid) {
       V* o = reinterpret_cast<V*>(a.out + row * a.out_stride);
@@ -164,28 +177,35 @@ __global__ void __launch_bounds__(kMaxCachedThreads) rms_norm_pipelined_kernel(c
         const int c = first + i * tx;
         if (c < num_vecs) {
           launder(cur[i]);
-          const V wv = w[c];
-          V y;
-#pragma unroll
-          for (int e = 0; e < kVec; ++e) {
-            y.v[e] = from_float<T>(to_float(cur[i].v[e]) * inv_rms * to_float(wv.v[e]));
-          }
-          o[c] = y;
+          o[c] = normalise(cur[i], w[c], inv_rms);
         }
       }
     }
-#pragma unroll
-    for (int i = 0; i < kCache; ++i) cur[i] = next[i];
+  };
+
+  // Rows alternate between two register buffers, so nothing is copied between iterations.
+  int64_t row0 = static_cast<int64_t>(blockIdx.x) * blockDim.y;
+  int64_t row = row0 + threadIdx.y;
+  V buf0[kCache];
+  V buf1[kCache];
+  load_row(row, buf0);
+  while (row0 < a.rows) {
+    process(row, buf0, buf1);
+    row0 += row_step;
+    row += row_step;
+    if (row0 >= a.rows) break;
+    process(row, buf1, buf0);
+    row0 += row_step;
+    row += row_step;
   }
 }
 
-/// One row per threadIdx.y; threadIdx.x walks the row's vectors of kVec elements. kCache > 0:
-/// thread x holds vectors x, x + blockDim.x, ... (kCache of them) in registers, which must cover
-/// the row. kCache == 0: any width, the second pass re-reads the row. The host guarantees that
-/// hidden / kVec fits an int.
-template <typename T, int kVec, int kCache, bool kFused>
-__global__ void __launch_bounds__(kCache > 0 ? kMaxCachedThreads : kMaxThreads)
-    rms_norm_kernel(const NormArgs<T> a) {
+/// fused_add_rms_norm with the row in registers (same layout as rms_norm_cached_kernel, one row
+/// per block row at a time): loads input and residual, stores the rounded sum to the residual,
+/// then writes the normalised rounded sum to the input.
+template <typename T, int kVec, int kCache>
+__global__ void __launch_bounds__(kMaxCachedThreads)
+    fused_add_rms_norm_cached_kernel(const NormArgs<T> a) {
   using V = Vec<T, kVec>;
   __shared__ float smem[32];
   const int num_vecs = static_cast<int>(a.hidden / kVec);
@@ -200,73 +220,109 @@ __global__ void __launch_bounds__(kCache > 0 ? kMaxCachedThreads : kMaxThreads)
     const int64_t row = row0 + threadIdx.y;
     const bool valid = row < a.rows;
     const int64_t r = valid ? row : 0;
-    const V* x = reinterpret_cast<const V*>(a.in + r * a.in_stride);
-    V* o = reinterpret_cast<V*>(a.out + r * a.out_stride);
-    V* res = nullptr;
-    if constexpr (kFused) res = reinterpret_cast<V*>(a.residual + r * a.residual_stride);
-
-    // First pass over vector c: the input, or the rounded input + residual (stored back).
-    auto load_first = [&](int c) {
-      V v = x[c];
-      if constexpr (kFused) {
-        const V rv = res[c];
+    V* x = reinterpret_cast<V*>(a.out + r * a.out_stride);  // the input, overwritten at the end
+    V* res = reinterpret_cast<V*>(a.residual + r * a.residual_stride);
+    V sum[kCache] = {};
+    V other[kCache] = {};
 #pragma unroll
-        for (int i = 0; i < kVec; ++i) {
-          v.v[i] = from_float<T>(to_float(v.v[i]) + to_float(rv.v[i]));
-        }
-        res[c] = v;
+    for (int i = 0; i < kCache; ++i) {
+      const int c = first + i * tx;
+      if (valid && c < num_vecs) {
+        sum[i] = x[c];
+        other[i] = res[c];
       }
-      return v;
-    };
-    auto sum_squares = [](const V& v) {
-      float s = 0.0f;
-#pragma unroll
-      for (int i = 0; i < kVec; ++i) {
-        const float f = to_float(v.v[i]);
-        s += f * f;
-      }
-      return s;
-    };
-    auto normalise = [&](const V& v, const V& wv, float inv_rms) {
-      V y;
-#pragma unroll
-      for (int i = 0; i < kVec; ++i) {
-        y.v[i] = from_float<T>(to_float(v.v[i]) * inv_rms * to_float(wv.v[i]));
-      }
-      return y;
-    };
-
+    }
     float ss = 0.0f;
-    if constexpr (kCache > 0) {
-      // The weights are loaded with the row so that their latency overlaps the row's.
-      V cache[kCache];
-      V wcache[kCache];
 #pragma unroll
-      for (int i = 0; i < kCache; ++i) {
-        const int c = first + i * tx;
-        if (valid && c < num_vecs) {
-          cache[i] = load_first(c);
-          wcache[i] = w[c];
-          ss += sum_squares(cache[i]);
+    for (int i = 0; i < kCache; ++i) {
+      const int c = first + i * tx;
+      if (valid && c < num_vecs) {
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) {
+          sum[i].v[e] = from_float<T>(to_float(sum[i].v[e]) + to_float(other[i].v[e]));
+        }
+        res[c] = sum[i];
+        ss += sum_squares(sum[i]);
+      }
+    }
+    const float inv_rms = rsqrtf(row_sum(ss, smem) / hidden + a.epsilon);
+#pragma unroll
+    for (int i = 0; i < kCache; ++i) {
+      const int c = first + i * tx;
+      if (valid && c < num_vecs) {
+        launder(sum[i]);
+        x[c] = normalise(sum[i], w[c], inv_rms);
+      }
+    }
+  }
+}
+
+/// Either problem for rows of any width (one row per block): the first pass accumulates the sum
+/// of squares (fused: and stores the rounded residual), the second re-reads the row (fused: the
+/// residual this thread stored) and writes the output. kStreamBatch vectors per thread are loaded
+/// together.
+template <typename T, int kVec, bool kFused>
+__global__ void __launch_bounds__(kStreamThreads) rms_norm_streaming_kernel(const NormArgs<T> a) {
+  using V = Vec<T, kVec>;
+  __shared__ float smem[32];
+  const int num_vecs = static_cast<int>(a.hidden / kVec);
+  const int tx = static_cast<int>(blockDim.x);
+  const int first = static_cast<int>(threadIdx.x);
+  const float hidden = static_cast<float>(a.hidden);
+  const V* w = reinterpret_cast<const V*>(a.weight);
+  for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {
+    const V* x = reinterpret_cast<const V*>(a.in + row * a.in_stride);
+    V* o = reinterpret_cast<V*>(a.out + row * a.out_stride);
+    V* res = nullptr;
+    if constexpr (kFused) res = reinterpret_cast<V*>(a.residual + row * a.residual_stride);
+    float ss = 0.0f;
+#pragma unroll 1
+    for (int c0 = first; c0 < num_vecs; c0 += kStreamBatch * tx) {
+      V v[kStreamBatch] = {};
+      V other[kStreamBatch] = {};
+#pragma unroll
+      for (int i = 0; i < kStreamBatch; ++i) {
+        const int c = c0 + i * tx;
+        if (c < num_vecs) {
+          v[i] = x[c];
+          if constexpr (kFused) other[i] = res[c];
         }
       }
-      const float inv_rms = rsqrtf(row_sum(ss, smem) / hidden + a.epsilon);
 #pragma unroll
-      for (int i = 0; i < kCache; ++i) {
-        const int c = first + i * tx;
-        if (valid && c < num_vecs) {
-          launder(cache[i]);
-          launder(wcache[i]);
-          o[c] = normalise(cache[i], wcache[i], inv_rms);
+      for (int i = 0; i < kStreamBatch; ++i) {
+        const int c = c0 + i * tx;
+        if (c < num_vecs) {
+          if constexpr (kFused) {
+#pragma unroll
+            for (int e = 0; e < kVec; ++e) {
+              v[i].v[e] = from_float<T>(to_float(v[i].v[e]) + to_float(other[i].v[e]));
+            }
+            res[c] = v[i];
+          }
+          ss += sum_squares(v[i]);
         }
       }
-    } else {
-      for (int c = first; valid && c < num_vecs; c += tx) ss += sum_squares(load_first(c));
-      const float inv_rms = rsqrtf(row_sum(ss, smem) / hidden + a.epsilon);
-      // Fused: re-read the residual this thread stored in the first pass.
-      const V* src = x;
-      if constexpr (kFused) src = res;
-      for (int c = first; valid && c < num_vecs; c += tx) o[c] = normalise(src[c], w[c], inv_rms);
+    }
+    const float inv_rms = rsqrtf(row_sum(ss, smem) / hidden + a.epsilon);
+    const V* src = x;
+    if constexpr (kFused) src = res;
+#pragma unroll 1
+    for (int c0 = first; c0 < num_vecs; c0 += kStreamBatch * tx) {
+      V v[kStreamBatch] = {};
+      V wv[kStreamBatch] = {};
+#pragma unroll
+      for (int i = 0; i < kStreamBatch; ++i) {
+        const int c = c0 + i * tx;
+        if (c < num_vecs) {
+          v[i] = src[c];
+          wv[i] = w[c];
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < kStreamBatch; ++i) {
+        const int c = c0 + i * tx;
+        if (c < num_vecs) o[c] = normalise(v[i], wv[i], inv_rms);
+      }
     }
   }
 }
@@ -277,16 +333,17 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 template <typename T, int kVec, int kCache, bool kFused>
 gpuError_t launch_kernel(const NormArgs<T>& a, int64_t tx, int64_t ty, gpuStream_t stream) {
-  constexpr bool kPipelined = kCache > 0 && !kFused;
   int64_t blocks = ceil_div(a.rows, ty);
-  if (kPipelined) blocks = ceil_div(blocks, kRowsPerBlock);
+  if (kCache > 0 && !kFused && blocks > kPipelineMinBlocks) blocks = ceil_div(blocks, 2);
   if (blocks > kMaxGridX) blocks = kMaxGridX;
   const dim3 grid(static_cast<unsigned>(blocks));
   const dim3 block(static_cast<unsigned>(tx), static_cast<unsigned>(ty));
-  if constexpr (kPipelined) {
-    rms_norm_pipelined_kernel<T, kVec, kCache><<<grid, block, 0, stream>>>(a);
+  if constexpr (kCache == 0) {
+    rms_norm_streaming_kernel<T, kVec, kFused><<<grid, block, 0, stream>>>(a);
+  } else if constexpr (kFused) {
+    fused_add_rms_norm_cached_kernel<T, kVec, kCache><<<grid, block, 0, stream>>>(a);
   } else {
-    rms_norm_kernel<T, kVec, kCache, kFused><<<grid, block, 0, stream>>>(a);
+    rms_norm_cached_kernel<T, kVec, kCache><<<grid, block, 0, stream>>>(a);
   }
   return gpuGetLastError();
 }
@@ -314,7 +371,7 @@ gpuError_t launch_shaped(const NormArgs<T>& a, gpuStream_t stream) {
     if (cache > 0) {
       tx = ceil_div(ceil_div(num_vecs, cache), kThreadQuantum) * kThreadQuantum;
     } else {
-      tx = kMaxThreads;
+      tx = kStreamThreads;
     }
   }
   switch (cache) {

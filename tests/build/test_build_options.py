@@ -3,7 +3,7 @@ what was expected (aphrodite_ext/build_options.py, which setup.py runs first).""
 
 import pytest
 
-from aphrodite_ext import build_options as bo
+from conftest import build_options as bo
 
 CPU_TORCH = bo.TorchFacts("2.13.0+cpu", None, None, False)
 CUDA_TORCH_NO_GPU = bo.TorchFacts("2.14.1+cu130", "13.0", None, False)

@@ -103,13 +103,13 @@ def test_bad_option_says_what_is_allowed(codegen, tmp_path):
 # --- the build graph: CMake + ninja + nvcc --------------------------------------------------
 
 def _tools():
-    from aphrodite_ext.build_options import BuildOptionError, find_cmake, find_nvcc
+    from conftest import build_options
 
     try:
-        cmake = find_cmake()
-    except BuildOptionError:
+        cmake = build_options.find_cmake()
+    except build_options.BuildOptionError:
         return None
-    nvcc, ninja = find_nvcc(), shutil.which("ninja")
+    nvcc, ninja = build_options.find_nvcc(), shutil.which("ninja")
     return (cmake, nvcc, ninja) if nvcc and ninja else None
 
 

@@ -1,0 +1,101 @@
+"""Sessions per backend and task. `nox -s tests` is the README's test command and CI's.
+
+Every session builds in its own virtualenv with the torch that `APHRODITE_TORCH` names
+(default: plain `torch`, the newest release pip may install here).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).resolve().parent
+TORCH = os.environ.get("APHRODITE_TORCH", "torch")
+BUILD_DEPS = ["setuptools>=70", "wheel", "cmake>=3.26", "ninja", "jinja2", "pytest", "numpy"]
+# Arch sets the plan session configures, from one old GPU to a full release list.
+PLAN_ARCH_SETS = ["7.5", "8.0 8.6", "8.9 9.0a", "10.0a 12.0", "7.5 8.0 8.6 8.9 9.0a 10.0a 12.0+PTX"]
+nox.options.sessions = ["tests", "lint"]
+
+
+def _install(session, device: str, **env) -> None:
+    session.install(TORCH, *BUILD_DEPS)
+    session.run("pip", "install", "--no-build-isolation", "--no-deps", "-e", ".",
+                env={"APHRODITE_TARGET_DEVICE": device, **env})
+
+
+def _usable_isas(session) -> list[str]:
+    """The CPU ISA builds this machine can run, via the module's own choice."""
+    out = session.run("python", "-c", "import aphrodite_ext, torch; aphrodite_ext.load('_C');"
+                      "print(torch.ops._C.cpu_isa())", silent=True).strip().splitlines()[-1]
+    order = ["scalar", "avx2", "avx512"]
+    return order[: order.index(out) + 1] if out in order else ["scalar"]
+
+
+@nox.session
+def tests(session):
+    """Builds the CPU backend, then runs the build-system tests once and the kernel tests once
+    per CPU ISA build this machine can run (APHRODITE_CPU_ISA)."""
+    _install(session, "cpu")
+    session.run("python", "-m", "aphrodite_ext", "info")
+    session.run("pytest", "-q", "tests/build", *session.posargs)
+    for isa in _usable_isas(session):
+        session.run("pytest", "-q", "tests/kernels", *session.posargs,
+                    env={"APHRODITE_CPU_ISA": isa})
+
+
+@nox.session
+def cuda(session):
+    """CUDA backend on any machine with nvcc: the arch-matrix plan checks, then a compile and
+    link of every module for one arch (TORCH_CUDA_ARCH_LIST, default 9.0a); the kernel tests
+    run where a GPU is visible and skip elsewhere."""
+    session.install(TORCH, *BUILD_DEPS)
+    session.run("pytest", "-q", "tests/build/test_plan.py", env={"APHRODITE_PLAN_REQUIRED": "1"})
+    arch = os.environ.get("TORCH_CUDA_ARCH_LIST", "9.0a")
+    session.run("pip", "install", "--no-build-isolation", "--no-deps", "-e", ".",
+                env={"APHRODITE_TARGET_DEVICE": "cuda", "TORCH_CUDA_ARCH_LIST": arch})
+    session.run("python", "-m", "aphrodite_ext", "plan")
+    session.run("python", "-c", "import aphrodite_ext._C, aphrodite_ext._moe_C; "
+                "print('CUDA modules import')")
+    session.run("pytest", "-q", "tests/kernels")
+
+
+@nox.session
+def plan(session):
+    """Configures the CUDA backend (no compile) for each arch set and prints its plan."""
+    session.install(TORCH, *BUILD_DEPS)
+    nvcc = subprocess.run(["python", "-c", "import shutil; print(shutil.which('nvcc') or "
+                           "'/usr/local/cuda/bin/nvcc')"], capture_output=True, text=True).stdout
+    for archs in session.posargs or PLAN_ARCH_SETS:
+        build = ROOT / "build" / ("plan-" + archs.replace(" ", "_").replace("+", "p"))
+        session.run("cmake", "-S", ".", "-B", str(build), "-G", "Ninja", "--log-level=WARNING",
+                    "-DAPHRODITE_TARGET_DEVICE=cuda", f"-DTORCH_CUDA_ARCH_LIST={archs}",
+                    f"-DCMAKE_CUDA_COMPILER={nvcc.strip()}", silent=True)
+        session.run("python", "-m", "aphrodite_ext", "plan", str(build / "plan.json"))
+
+
+@nox.session
+def lint(session):
+    """ruff (lint) over the Python; clang-format --dry-run over the C++/CUDA when asked
+    (`nox -s lint -- --cpp`)."""
+    session.install("ruff")
+    session.run("ruff", "check", ".")
+    if "--cpp" in session.posargs:
+        session.install("clang-format")
+        files = subprocess.run(["git", "ls-files", "*.h", "*.cpp", "*.cu", "*.cuh"],
+                               capture_output=True, text=True, cwd=ROOT).stdout.split()
+        session.run("clang-format", "--dry-run", "--Werror", "--style=file", *files)
+
+
+@nox.session
+def bench(session):
+    """Kernel benchmarks on this machine's device; results to benchmarks/results/."""
+    device = "cuda" if os.environ.get("APHRODITE_TARGET_DEVICE") == "cuda" else "cpu"
+    _install(session, device)
+    session.run("python", "benchmarks/bench_kernels.py", "--device", device)
+    session.run("python", "benchmarks/bench_build.py")
+
+

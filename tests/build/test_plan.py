@@ -1,0 +1,109 @@
+"""The CUDA backend's plan across a matrix of requested archs: CMake configures (nothing
+compiles) and records, per family, the archs it is built for, and per source its flags. Needs
+nvcc and a CUDA build of torch; skips otherwise (the `cuda` nox session requires it)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import build_options
+
+BuildOptionError, find_cmake, find_nvcc = (build_options.BuildOptionError, build_options.find_cmake,
+                                          build_options.find_nvcc)
+
+ROOT = Path(__file__).resolve().parents[2]
+CORE = ["activation", "layernorm", "topk_softmax"]
+
+# requested -> the archs every core family is built for.
+MATRIX = [
+    ("7.5", "7.5"),
+    ("8.0 8.6", "8.0 8.6"),
+    ("8.9 9.0a", "8.9 9.0a"),
+    ("10.0a 12.0", "10.0a 12.0"),
+    ("7.5 8.0 8.6 8.9 9.0a 10.0a 12.0+PTX", "7.5 8.0 8.6 8.9 9.0a 10.0a 12.0+PTX"),
+    ("8.7", "8.7"),
+]
+
+
+def _skip_reason():
+    if not torch.version.cuda:
+        return f"torch {torch.__version__} is not a CUDA build"
+    if find_nvcc() is None:
+        return "no nvcc"
+    try:
+        find_cmake()
+    except BuildOptionError as e:
+        return str(e)
+    return None
+
+
+REASON = _skip_reason()
+if REASON and os.environ.get("APHRODITE_PLAN_REQUIRED"):
+    raise RuntimeError(f"the plan checks are required here but cannot run: {REASON}")
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(REASON is not None, reason=REASON or "")]
+
+
+def configure(tmp_path, archs, *extra):
+    build = tmp_path / "build"
+    proc = subprocess.run(
+        [find_cmake(), "-S", str(ROOT), "-B", str(build), "-G", "Ninja",
+         "-DAPHRODITE_TARGET_DEVICE=cuda", f"-DTORCH_CUDA_ARCH_LIST={archs}",
+         f"-DCMAKE_CUDA_COMPILER={find_nvcc()}", f"-DPython3_EXECUTABLE={sys.executable}",
+         *extra], capture_output=True, text=True)
+    return proc, build
+
+
+@pytest.mark.parametrize("requested, built", MATRIX)
+def test_arch_matrix(tmp_path, requested, built):
+    proc, build = configure(tmp_path, requested)
+    assert proc.returncode == 0, proc.stderr
+    plan = json.loads((build / "plan.json").read_text())
+    assert plan["archs"] == requested.split() or sorted(plan["archs"]) == sorted(requested.split())
+    for family in CORE:
+        fam = plan["families"][family]
+        assert fam["built"] and fam["archs"] == built.split(), (family, fam)
+        for src in fam["sources"]:
+            codes = {f.rsplit("code=", 1)[1] for f in src["flags"]}
+            for arch in built.split():
+                num = arch.replace(".", "").replace("+PTX", "")
+                assert f"sm_{num}" in codes
+                if arch.endswith("+PTX"):
+                    assert f"compute_{num}" in codes
+    assert plan["modules"]["_C"]["built"] and plan["modules"]["_moe_C"]["built"]
+    assert not plan["modules"]["_fa2_C"]["built"]
+    assert not plan["modules"]["_rocm_C"]["built"]
+    assert "exists on rocm only" in plan["modules"]["_rocm_C"]["reason"]
+    generated = [s for s in plan["families"]["activation"]["sources"] if "generated" in s["path"]]
+    assert len(generated) == 10
+
+
+def test_disabled_family_is_recorded_with_its_reason(tmp_path):
+    proc, build = configure(tmp_path, "9.0a", "-DAPHRODITE_DISABLE_FAMILIES=topk_softmax")
+    assert proc.returncode == 0, proc.stderr
+    plan = json.loads((build / "plan.json").read_text())
+    fam = plan["families"]["topk_softmax"]
+    assert not fam["built"] and "APHRODITE_DISABLE_FAMILIES" in fam["reason"]
+    assert not plan["modules"]["_moe_C"]["built"]
+
+
+@pytest.mark.parametrize("archs, message", [
+    ("9.1", "'9.1' is not a CUDA arch"),
+    ("7.0", "cannot compile CUDA arch(s) 7.0"),
+])
+def test_cmake_rejects_bad_archs_at_configure(tmp_path, archs, message):
+    proc, _ = configure(tmp_path, archs)
+    assert proc.returncode != 0 and message in proc.stderr.replace("\n", " ")
+
+
+def test_cmake_rejects_unknown_device(tmp_path):
+    proc = subprocess.run([find_cmake(), "-S", str(ROOT), "-B", str(tmp_path / "b"),
+                           "-DAPHRODITE_TARGET_DEVICE=tpu"], capture_output=True, text=True)
+    assert proc.returncode != 0
+    assert "not a backend; use one of: auto, cuda, rocm, cpu" in " ".join(proc.stderr.split())
