@@ -6,7 +6,6 @@ Every session builds in its own virtualenv with the torch that `APHRODITE_TORCH`
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 from pathlib import Path
@@ -23,14 +22,29 @@ nox.options.sessions = ["tests", "lint"]
 
 def _install(session, device: str, **env) -> None:
     session.install(TORCH, *BUILD_DEPS)
-    session.run("pip", "install", "--no-build-isolation", "--no-deps", "-e", ".",
-                env={"APHRODITE_TARGET_DEVICE": device, **env})
+    session.run(
+        "pip",
+        "install",
+        "--no-build-isolation",
+        "--no-deps",
+        "-e",
+        ".",
+        env={"APHRODITE_TARGET_DEVICE": device, **env},
+    )
 
 
 def _usable_isas(session) -> list[str]:
     """The CPU ISA builds this machine can run, via the module's own choice."""
-    out = session.run("python", "-c", "import aphrodite_ext, torch; aphrodite_ext.load('_C');"
-                      "print(torch.ops._C.cpu_isa())", silent=True).strip().splitlines()[-1]
+    out = (
+        session.run(
+            "python",
+            "-c",
+            "import aphrodite_ext, torch; aphrodite_ext.load('_C');print(torch.ops._C.cpu_isa())",
+            silent=True,
+        )
+        .strip()
+        .splitlines()[-1]
+    )
     order = ["scalar", "avx2", "avx512"]
     return order[: order.index(out) + 1] if out in order else ["scalar"]
 
@@ -43,8 +57,9 @@ def tests(session):
     session.run("python", "-m", "aphrodite_ext", "info")
     session.run("pytest", "-q", "tests/build", *session.posargs)
     for isa in _usable_isas(session):
-        session.run("pytest", "-q", "tests/kernels", *session.posargs,
-                    env={"APHRODITE_CPU_ISA": isa})
+        session.run(
+            "pytest", "-q", "tests/kernels", *session.posargs, env={"APHRODITE_CPU_ISA": isa}
+        )
 
 
 @nox.session
@@ -55,11 +70,21 @@ def cuda(session):
     session.install(TORCH, *BUILD_DEPS)
     session.run("pytest", "-q", "tests/build/test_plan.py", env={"APHRODITE_PLAN_REQUIRED": "1"})
     arch = os.environ.get("TORCH_CUDA_ARCH_LIST", "9.0a")
-    session.run("pip", "install", "--no-build-isolation", "--no-deps", "-e", ".",
-                env={"APHRODITE_TARGET_DEVICE": "cuda", "TORCH_CUDA_ARCH_LIST": arch})
+    session.run(
+        "pip",
+        "install",
+        "--no-build-isolation",
+        "--no-deps",
+        "-e",
+        ".",
+        env={"APHRODITE_TARGET_DEVICE": "cuda", "TORCH_CUDA_ARCH_LIST": arch},
+    )
     session.run("python", "-m", "aphrodite_ext", "plan")
-    session.run("python", "-c", "import aphrodite_ext._C, aphrodite_ext._moe_C; "
-                "print('CUDA modules import')")
+    session.run(
+        "python",
+        "-c",
+        "import aphrodite_ext._C, aphrodite_ext._moe_C; print('CUDA modules import')",
+    )
     session.run("pytest", "-q", "tests/kernels")
 
 
@@ -67,13 +92,31 @@ def cuda(session):
 def plan(session):
     """Configures the CUDA backend (no compile) for each arch set and prints its plan."""
     session.install(TORCH, *BUILD_DEPS)
-    nvcc = subprocess.run(["python", "-c", "import shutil; print(shutil.which('nvcc') or "
-                           "'/usr/local/cuda/bin/nvcc')"], capture_output=True, text=True).stdout
+    nvcc = subprocess.run(
+        [
+            "python",
+            "-c",
+            "import shutil; print(shutil.which('nvcc') or '/usr/local/cuda/bin/nvcc')",
+        ],
+        capture_output=True,
+        text=True,
+    ).stdout
     for archs in session.posargs or PLAN_ARCH_SETS:
         build = ROOT / "build" / ("plan-" + archs.replace(" ", "_").replace("+", "p"))
-        session.run("cmake", "-S", ".", "-B", str(build), "-G", "Ninja", "--log-level=WARNING",
-                    "-DAPHRODITE_TARGET_DEVICE=cuda", f"-DTORCH_CUDA_ARCH_LIST={archs}",
-                    f"-DCMAKE_CUDA_COMPILER={nvcc.strip()}", silent=True)
+        session.run(
+            "cmake",
+            "-S",
+            ".",
+            "-B",
+            str(build),
+            "-G",
+            "Ninja",
+            "--log-level=WARNING",
+            "-DAPHRODITE_TARGET_DEVICE=cuda",
+            f"-DTORCH_CUDA_ARCH_LIST={archs}",
+            f"-DCMAKE_CUDA_COMPILER={nvcc.strip()}",
+            silent=True,
+        )
         session.run("python", "-m", "aphrodite_ext", "plan", str(build / "plan.json"))
 
 
@@ -85,8 +128,12 @@ def lint(session):
     session.run("ruff", "check", ".")
     if "--cpp" in session.posargs:
         session.install("clang-format")
-        files = subprocess.run(["git", "ls-files", "*.h", "*.cpp", "*.cu", "*.cuh"],
-                               capture_output=True, text=True, cwd=ROOT).stdout.split()
+        files = subprocess.run(
+            ["git", "ls-files", "*.h", "*.cpp", "*.cu", "*.cuh"],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+        ).stdout.split()
         session.run("clang-format", "--dry-run", "--Werror", "--style=file", *files)
 
 
@@ -96,6 +143,3 @@ def bench(session):
     device = "cuda" if os.environ.get("APHRODITE_TARGET_DEVICE") == "cuda" else "cpu"
     _install(session, device)
     session.run("python", "benchmarks/bench_kernels.py", "--device", device)
-    session.run("python", "benchmarks/bench_build.py")
-
-

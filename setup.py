@@ -13,13 +13,17 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent
-MODULES = {"cpu": ["_C", "_moe_C"], "cuda": ["_C", "_moe_C", "_fa2_C"],
-           "rocm": ["_C", "_moe_C", "_rocm_C"]}
+MODULES = {
+    "cpu": ["_C", "_moe_C"],
+    "cuda": ["_C", "_moe_C", "_fa2_C"],
+    "rocm": ["_C", "_moe_C", "_rocm_C"],
+}
 
 
 def _load_build_options():
-    spec = importlib.util.spec_from_file_location("_aphrodite_build_options",
-                                                  ROOT / "aphrodite_ext" / "build_options.py")
+    spec = importlib.util.spec_from_file_location(
+        "_aphrodite_build_options", ROOT / "aphrodite_ext" / "build_options.py"
+    )
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up
     spec.loader.exec_module(module)
@@ -27,8 +31,9 @@ def _load_build_options():
 
 
 build_options = _load_build_options()
-BASE_VERSION = re.search(r'BASE_VERSION = "([^"]+)"',
-                         (ROOT / "aphrodite_ext" / "version.py").read_text()).group(1)
+BASE_VERSION = re.search(
+    r'BASE_VERSION = "([^"]+)"', (ROOT / "aphrodite_ext" / "version.py").read_text()
+).group(1)
 if importlib.util.find_spec("torch") is None:
     # pip asks for the build requirements before torch is installed in an isolated build;
     # the build proper runs this file again with torch present.
@@ -52,15 +57,20 @@ class CMakeBuild(build_ext):
     modules and the build info into the package."""
 
     def run(self):
-        print(f"aphrodite_ext: building the {OPTIONS.device} backend ({OPTIONS.device_reason}), "
-              f"{OPTIONS.max_jobs} jobs, build dir {OPTIONS.build_dir}")
+        print(
+            f"aphrodite_ext: building the {OPTIONS.device} backend ({OPTIONS.device_reason}), "
+            f"{OPTIONS.max_jobs} jobs, build dir {OPTIONS.build_dir}"
+        )
         cmake = build_options.find_cmake()
         build_dir = OPTIONS.build_dir
         build_dir.mkdir(parents=True, exist_ok=True)
         args = OPTIONS.cmake_configure_args(sys.executable, VERSION)
         stamp = build_dir / "aphrodite_configure_args.json"
-        if not (build_dir / "CMakeCache.txt").exists() or not stamp.exists() \
-                or json.loads(stamp.read_text()) != args:
+        if (
+            not (build_dir / "CMakeCache.txt").exists()
+            or not stamp.exists()
+            or json.loads(stamp.read_text()) != args
+        ):
             self._run([cmake, "-S", str(ROOT), "-B", str(build_dir), "-G", "Ninja", *args])
             stamp.write_text(json.dumps(args))
         build = [cmake, "--build", str(build_dir), "-j", str(OPTIONS.max_jobs)]
@@ -72,11 +82,23 @@ class CMakeBuild(build_ext):
             if not info["built"]:
                 print(f"aphrodite_ext: module {name} not built: it {info['reason']}")
         self.extensions = [e for e in self.extensions if e.name.split(".")[-1] in built]
-        prefix = ROOT if (self.inplace or getattr(self, "editable_mode", False)) \
+        prefix = (
+            ROOT
+            if (self.inplace or getattr(self, "editable_mode", False))
             else Path(self.build_lib)
+        )
         for component in [*built, "build_info"]:
-            self._run([cmake, "--install", str(build_dir), "--component", component,
-                       "--prefix", str(prefix)])
+            self._run(
+                [
+                    cmake,
+                    "--install",
+                    str(build_dir),
+                    "--component",
+                    component,
+                    "--prefix",
+                    str(prefix),
+                ]
+            )
 
     def get_outputs(self):
         return [self.get_ext_fullpath(e.name) for e in self.extensions]
@@ -90,7 +112,8 @@ class CMakeBuild(build_ext):
 setup(
     version=VERSION,
     ext_modules=[CMakeExtension(f"aphrodite_ext.{m}") for m in MODULES[OPTIONS.device]]
-    if OPTIONS else [],
+    if OPTIONS
+    else [],
     cmdclass={"build_ext": CMakeBuild},
     package_data={"aphrodite_ext": ["_build_info.json"]},
     options={"bdist_wheel": {"py_limited_api": "cp310"}},

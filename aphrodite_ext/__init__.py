@@ -47,8 +47,12 @@ def _version() -> str:
 __version__ = _version()
 
 
-def check_build_info(info: dict | None = None, torch_version: str | None = None,
-                     torch_cuda: str | None = None, torch_hip: str | None = None) -> None:
+def check_build_info(
+    info: dict | None = None,
+    torch_version: str | None = None,
+    torch_cuda: str | None = None,
+    torch_hip: str | None = None,
+) -> None:
     """Raises BuildMismatchError when the install cannot run under the torch in use."""
     info = build_info() if info is None else info
     if not info:
@@ -64,29 +68,37 @@ def check_build_info(info: dict | None = None, torch_version: str | None = None,
         raise BuildMismatchError(
             f"aphrodite_ext was built against torch {built} but torch {running} is running; "
             "torch's C++ ABI changes between minor releases, so rebuild aphrodite_ext "
-            "(pip install -e . --no-build-isolation) or install torch " + built)
+            "(pip install -e . --no-build-isolation) or install torch " + built
+        )
     backend = info["backend"]
     if backend == "cuda" and not torch_cuda:
         raise BuildMismatchError(
             f"aphrodite_ext was built for CUDA but torch {torch_version} has no CUDA support; "
-            "install a CUDA build of torch or rebuild with APHRODITE_TARGET_DEVICE=cpu")
+            "install a CUDA build of torch or rebuild with APHRODITE_TARGET_DEVICE=cpu"
+        )
     if backend == "rocm" and not torch_hip:
         raise BuildMismatchError(
             f"aphrodite_ext was built for ROCm but torch {torch_version} has no ROCm support; "
-            "install a ROCm build of torch or rebuild with APHRODITE_TARGET_DEVICE=cpu")
+            "install a ROCm build of torch or rebuild with APHRODITE_TARGET_DEVICE=cpu"
+        )
 
 
 def module_status(name: str) -> tuple[bool, str]:
     """Whether extension module `name` is in this install, and if not, why."""
     info = build_info()
     if not info:
-        return False, ("aphrodite_ext has not been built: run "
-                       "`pip install -e . --no-build-isolation` in the source tree")
+        return False, (
+            "aphrodite_ext has not been built: run "
+            "`pip install -e . --no-build-isolation` in the source tree"
+        )
     module = info["modules"].get(name)
     if module is None:
         return False, f"{name} is not an aphrodite_ext module; modules: {', '.join(MODULES)}"
     if not module["built"]:
-        return False, f"{name} was not built for the {info['backend']} backend: it {module['reason']}"
+        return (
+            False,
+            f"{name} was not built for the {info['backend']} backend: it {module['reason']}",
+        )
     return True, ""
 
 
@@ -100,8 +112,9 @@ class _UnbuiltModuleFinder(importlib.abc.MetaPathFinder):
             return None
         if importlib.machinery.PathFinder.find_spec(fullname, path) is not None:
             return None
-        raise ImportError(f"aphrodite_ext.{name} is not available: {module_status(name)[1]}",
-                          name=fullname)
+        raise ImportError(
+            f"aphrodite_ext.{name} is not available: {module_status(name)[1]}", name=fullname
+        )
 
 
 def load(name: str):

@@ -12,7 +12,7 @@ import aphrodite_ext
 
 def _table(rows: list[tuple[str, ...]], header: tuple[str, ...]) -> str:
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    line = lambda r: "  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip()
+    line = lambda r: "  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
     return "\n".join([line(header), line(tuple("-" * w for w in widths)), *map(line, rows)])
 
 
@@ -22,11 +22,17 @@ def plan_table(plan: dict) -> str:
     for name, fam in plan["families"].items():
         status = "built: " + " ".join(fam["archs"]) if fam["built"] else "skipped: " + fam["reason"]
         rows.append((fam["module"], name, str(len(fam["sources"])), status))
-    out = [f"backend {plan['backend']}, archs {' '.join(plan['archs'])}, "
-           f"torch {plan['torch']['full']}, {plan['toolchain']['build_type']}",
-           "", _table(rows, ("module", "family", "sources", "status")), ""]
-    mods = [(m, "built" if i["built"] else "skipped: " + i["reason"])
-            for m, i in plan["modules"].items()]
+    out = [
+        f"backend {plan['backend']}, archs {' '.join(plan['archs'])}, "
+        f"torch {plan['torch']['full']}, {plan['toolchain']['build_type']}",
+        "",
+        _table(rows, ("module", "family", "sources", "status")),
+        "",
+    ]
+    mods = [
+        (m, "built" if i["built"] else "skipped: " + i["reason"])
+        for m, i in plan["modules"].items()
+    ]
     out.append(_table(mods, ("module", "status")))
     return "\n".join(out)
 
@@ -34,14 +40,21 @@ def plan_table(plan: dict) -> str:
 def info_text() -> str:
     info = aphrodite_ext.build_info()
     if not info:
-        return "aphrodite_ext " + aphrodite_ext.__version__ + ": " + aphrodite_ext.module_status("_C")[1]
+        return (
+            "aphrodite_ext "
+            + aphrodite_ext.__version__
+            + ": "
+            + aphrodite_ext.module_status("_C")[1]
+        )
     import torch
 
-    lines = [f"aphrodite_ext {aphrodite_ext.__version__}",
-             f"backend: {info['backend']}   archs: {' '.join(info['archs'])}",
-             f"torch: built against {info['torch']['full']}, running {torch.__version__}"]
+    lines = [
+        f"aphrodite_ext {aphrodite_ext.__version__}",
+        f"backend: {info['backend']}   archs: {' '.join(info['archs'])}",
+        f"torch: built against {info['torch']['full']}, running {torch.__version__}",
+    ]
     if torch.cuda.is_available():
-        cap = "%d.%d" % torch.cuda.get_device_capability()
+        cap = "{}.{}".format(*torch.cuda.get_device_capability())
         lines.append(f"GPU: {torch.cuda.get_device_name()} (sm {cap})")
     rows = []
     for module in aphrodite_ext.MODULES:
@@ -49,8 +62,9 @@ def info_text() -> str:
         if ok:
             aphrodite_ext.load(module)
             if info["backend"] == "cpu":
-                lines.append(f"{module}: CPU kernels run the "
-                             f"{getattr(torch.ops, module).cpu_isa()} build")
+                lines.append(
+                    f"{module}: CPU kernels run the {getattr(torch.ops, module).cpu_isa()} build"
+                )
         for fam_name, fam in info["families"].items():
             if fam["module"] != module:
                 continue
@@ -64,8 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("info", help="backend, archs, modules, and every op with its availability")
     plan = sub.add_parser("plan", help="the build plan as a table")
-    plan.add_argument("path", nargs="?", type=Path,
-                      help="a plan.json (default: this install's build info)")
+    plan.add_argument(
+        "path", nargs="?", type=Path, help="a plan.json (default: this install's build info)"
+    )
     plan.add_argument("--json", action="store_true", help="print the JSON itself")
     args = parser.parse_args(argv)
     if args.command == "info":

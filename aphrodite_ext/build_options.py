@@ -48,9 +48,15 @@ def _positive_int(name: str, raw: str) -> int:
     return int(raw)
 
 
-def default_max_jobs(nvcc_threads: int, cpus: int | None = None, mem_gib: float | None = None) -> int:
+def default_max_jobs(
+    nvcc_threads: int, cpus: int | None = None, mem_gib: float | None = None
+) -> int:
     """Jobs that fit both the cores and the memory available now."""
-    cpus = cpus or len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cpus = (
+        cpus or len(os.sched_getaffinity(0))
+        if hasattr(os, "sched_getaffinity")
+        else os.cpu_count() or 1
+    )
     mem_gib = _available_memory_gib() if mem_gib is None else mem_gib
     if mem_gib is None:
         return cpus
@@ -61,7 +67,9 @@ def default_max_jobs(nvcc_threads: int, cpus: int | None = None, mem_gib: float 
 def find_nvcc() -> str | None:
     for candidate in (
         os.environ.get("CUDACXX"),
-        os.path.join(os.environ["CUDA_HOME"], "bin", "nvcc") if os.environ.get("CUDA_HOME") else None,
+        os.path.join(os.environ["CUDA_HOME"], "bin", "nvcc")
+        if os.environ.get("CUDA_HOME")
+        else None,
         shutil.which("nvcc"),
         "/usr/local/cuda/bin/nvcc",
     ):
@@ -89,8 +97,12 @@ class TorchFacts:
                 "torch first, then build with --no-build-isolation, or let pip's build "
                 f"isolation install it ({e})"
             ) from e
-        return cls(torch.__version__, torch.version.cuda, getattr(torch.version, "hip", None),
-                   torch.cuda.is_available())
+        return cls(
+            torch.__version__,
+            torch.version.cuda,
+            getattr(torch.version, "hip", None),
+            torch.cuda.is_available(),
+        )
 
     @property
     def local_suffix(self) -> str:
@@ -120,7 +132,9 @@ class BuildOptions:
     env: dict[str, str] = field(repr=False, default_factory=dict)
 
     @classmethod
-    def from_env(cls, env: dict[str, str] | None = None, torch_facts: TorchFacts | None = None) -> BuildOptions:
+    def from_env(
+        cls, env: dict[str, str] | None = None, torch_facts: TorchFacts | None = None
+    ) -> BuildOptions:
         env = dict(os.environ if env is None else env)
         requested = env.get("APHRODITE_TARGET_DEVICE", "auto").strip().lower() or "auto"
         if requested not in DEVICES:
@@ -135,8 +149,11 @@ class BuildOptions:
                 f"{', '.join(BUILD_TYPES)}"
             )
         nvcc_threads = _positive_int("NVCC_THREADS", env.get("NVCC_THREADS", "1"))
-        max_jobs = (_positive_int("MAX_JOBS", env["MAX_JOBS"]) if env.get("MAX_JOBS")
-                    else default_max_jobs(nvcc_threads))
+        max_jobs = (
+            _positive_int("MAX_JOBS", env["MAX_JOBS"])
+            if env.get("MAX_JOBS")
+            else default_max_jobs(nvcc_threads)
+        )
         try:
             cmake_args = shlex.split(env.get("CMAKE_ARGS", ""))
         except ValueError as e:
@@ -171,7 +188,9 @@ class BuildOptions:
         launcher = env.get("APHRODITE_COMPILER_LAUNCHER")
         if launcher is None:
             launcher = shutil.which("sccache") or shutil.which("ccache")
-        build_dir = Path(env.get("APHRODITE_BUILD_DIR") or ROOT / "build" / f"{device}-{build_type.lower()}")
+        build_dir = Path(
+            env.get("APHRODITE_BUILD_DIR") or ROOT / "build" / f"{device}-{build_type.lower()}"
+        )
         return cls(
             device=device,
             device_reason=reason,
@@ -254,7 +273,8 @@ def find_cmake() -> str:
             return exe
         seen.append(f"{exe} ({out.splitlines()[0] if out else 'unusable'})")
     raise BuildOptionError(
-        "the build needs CMake >= 3.26; found " + (", ".join(seen) or "none")
+        "the build needs CMake >= 3.26; found "
+        + (", ".join(seen) or "none")
         + ": pip install 'cmake>=3.26'"
     )
 
@@ -265,12 +285,18 @@ def check_cuda_arch_list(arch_list: str, nvcc_version: str | None = None) -> str
     cmd = [find_cmake(), f"-DARCHS={arch_list}"]
     if nvcc_version:
         cmd.append(f"-DNVCC_VERSION={nvcc_version}")
-    proc = subprocess.run(cmd + ["-P", str(ROOT / "cmake" / "check_archs.cmake")],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        cmd + ["-P", str(ROOT / "cmake" / "check_archs.cmake")], capture_output=True, text=True
+    )
     if proc.returncode != 0:
-        lines = [ln.strip() for ln in proc.stderr.splitlines()
-                 if ln.strip() and not ln.startswith("CMake Error") and "Call Stack" not in ln
-                 and not re.search(r"\.cmake:\d+", ln)]
+        lines = [
+            ln.strip()
+            for ln in proc.stderr.splitlines()
+            if ln.strip()
+            and not ln.startswith("CMake Error")
+            and "Call Stack" not in ln
+            and not re.search(r"\.cmake:\d+", ln)
+        ]
         raise BuildOptionError("TORCH_CUDA_ARCH_LIST: " + " ".join(lines))
     return proc.stdout.strip()
 

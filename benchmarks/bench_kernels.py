@@ -52,28 +52,49 @@ def cases(device, large_tokens, hidden, inter, decode):
         x = torch.randn(tokens, hidden, **bf16)
         w = torch.randn(hidden, **bf16)
         out = torch.empty_like(x)
-        yield ("rms_norm", tokens, hidden, 2 * x.numel() * 2,
-               lambda x=x, w=w, out=out: torch.ops._C.rms_norm(out, x, w, 1e-6),
-               lambda x=x, w=w: _rms_ref(x, w))
+        yield (
+            "rms_norm",
+            tokens,
+            hidden,
+            2 * x.numel() * 2,
+            lambda x=x, w=w, out=out: torch.ops._C.rms_norm(out, x, w, 1e-6),
+            lambda x=x, w=w: _rms_ref(x, w),
+        )
         r = torch.randn_like(x)
-        yield ("fused_add_rms_norm", tokens, hidden, 4 * x.numel() * 2,
-               lambda x=x, r=r, w=w: torch.ops._C.fused_add_rms_norm(x, r, w, 1e-6),
-               lambda x=x, r=r, w=w: _fused_ref(x, r, w))
+        yield (
+            "fused_add_rms_norm",
+            tokens,
+            hidden,
+            4 * x.numel() * 2,
+            lambda x=x, r=r, w=w: torch.ops._C.fused_add_rms_norm(x, r, w, 1e-6),
+            lambda x=x, r=r, w=w: _fused_ref(x, r, w),
+        )
         a = torch.randn(tokens, 2 * inter, **bf16)
         o = torch.empty(tokens, inter, **bf16)
         for name, ref in [("silu_and_mul", _silu_ref), ("gelu_and_mul", _gelu_ref)]:
             op = getattr(torch.ops._C, name)
-            yield (name, tokens, inter, 3 * o.numel() * 2,
-                   lambda a=a, o=o, op=op: op(o, a), lambda a=a, ref=ref: ref(a))
+            yield (
+                name,
+                tokens,
+                inter,
+                3 * o.numel() * 2,
+                lambda a=a, o=o, op=op: op(o, a),
+                lambda a=a, ref=ref: ref(a),
+            )
     for tokens in [1, 16, 256, 4096]:
         for experts, k in [(64, 2), (256, 8)]:
             g = torch.randn(tokens, experts, device=device)
             tw = torch.empty(tokens, k, device=device)
             ti = torch.empty(tokens, k, dtype=torch.int32, device=device)
             ts = torch.empty_like(ti)
-            yield (f"topk_softmax e{experts} k{k}", tokens, experts, g.numel() * 4,
-                   lambda g=g, tw=tw, ti=ti, ts=ts: torch.ops._moe_C.topk_softmax(tw, ti, ts, g, True),
-                   lambda g=g, k=k: _topk_ref(g, k))
+            yield (
+                f"topk_softmax e{experts} k{k}",
+                tokens,
+                experts,
+                g.numel() * 4,
+                lambda g=g, tw=tw, ti=ti, ts=ts: torch.ops._moe_C.topk_softmax(tw, ti, ts, g, True),
+                lambda g=g, k=k: _topk_ref(g, k),
+            )
 
 
 def main():
@@ -103,15 +124,41 @@ def main():
         t_eager = harness.median_ms(ref, device, reps=reps)
         t_comp = harness.median_ms(compiled, device, reps=reps)
         gbs = nbytes / t_ours / 1e6
-        rows.append([name, tokens, width, f"{t_ours * 1e3:.1f}", f"{t_comp * 1e3:.1f}",
-                     f"{t_eager * 1e3:.1f}", f"{gbs:.0f}", f"{t_comp / t_ours:.2f}x",
-                     f"{t_eager / t_ours:.2f}x"])
+        rows.append(
+            [
+                name,
+                tokens,
+                width,
+                f"{t_ours * 1e3:.1f}",
+                f"{t_comp * 1e3:.1f}",
+                f"{t_eager * 1e3:.1f}",
+                f"{gbs:.0f}",
+                f"{t_comp / t_ours:.2f}x",
+                f"{t_eager / t_ours:.2f}x",
+            ]
+        )
         print(" | ".join(map(str, rows[-1])), flush=True)
-    notes = (f"device copy: {copy_gbs:.0f} GB/s (read + write)" if copy_gbs else "") + \
-        f"; threads {torch.get_num_threads()}; ISA {os.environ.get('APHRODITE_CPU_ISA', 'auto')}"
-    text = harness.write("kernels", device,
-                         ["op", "tokens", "width", "ours us", "torch.compile us", "eager us",
-                          "ours GB/s", "vs compile", "vs eager"], rows, args.out, notes)
+    notes = (
+        f"device copy: {copy_gbs:.0f} GB/s (read + write)" if copy_gbs else ""
+    ) + f"; threads {torch.get_num_threads()}; ISA {os.environ.get('APHRODITE_CPU_ISA', 'auto')}"
+    text = harness.write(
+        "kernels",
+        device,
+        [
+            "op",
+            "tokens",
+            "width",
+            "ours us",
+            "torch.compile us",
+            "eager us",
+            "ours GB/s",
+            "vs compile",
+            "vs eager",
+        ],
+        rows,
+        args.out,
+        notes,
+    )
     print(text)
 
 

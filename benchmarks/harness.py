@@ -47,19 +47,41 @@ def device_name(device: str) -> str:
 
 def commit() -> str:
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, cwd=RESULTS.parent).stdout.strip() or "unknown"
+        return (
+            subprocess.run(
+                ["git", "rev-parse", "--short", "HEAD"],
+                capture_output=True,
+                text=True,
+                cwd=RESULTS.parent,
+            ).stdout.strip()
+            or "unknown"
+        )
     except OSError:
         return "unknown"
 
 
-def write(name: str, device: str, header: list[str], rows: list[list], out_dir: Path | None = None,
-          notes: str = "") -> str:
+def write(
+    name: str,
+    device: str,
+    header: list[str],
+    rows: list[list],
+    out_dir: Path | None = None,
+    notes: str = "",
+) -> str:
     """Writes results/<name>_<device>.md and .json; returns the markdown."""
-    meta = {"device": device_name(device), "date": datetime.date.today().isoformat(),
-            "commit": commit(), "torch": torch.__version__}
-    lines = [f"# {name}", "", f"device: {meta['device']}; date: {meta['date']}; "
-             f"commit: {meta['commit']}; torch {meta['torch']}", ""]
+    meta = {
+        "device": device_name(device),
+        "date": datetime.date.today().isoformat(),
+        "commit": commit(),
+        "torch": torch.__version__,
+    }
+    lines = [
+        f"# {name}",
+        "",
+        f"device: {meta['device']}; date: {meta['date']}; "
+        f"commit: {meta['commit']}; torch {meta['torch']}",
+        "",
+    ]
     if notes:
         lines += [notes, ""]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -69,5 +91,6 @@ def write(name: str, device: str, header: list[str], rows: list[list], out_dir: 
         directory.mkdir(parents=True, exist_ok=True)
         (directory / f"{name}_{device}.md").write_text(text)
         (directory / f"{name}_{device}.json").write_text(
-            json.dumps({**meta, "header": header, "rows": rows}, indent=1))
+            json.dumps({**meta, "header": header, "rows": rows}, indent=1)
+        )
     return text

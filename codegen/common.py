@@ -13,9 +13,9 @@ import argparse
 import hashlib
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import jinja2
 
@@ -124,7 +124,9 @@ def main(generator_file: str, templates: list[str], render: Callable[[Request], 
     key = content_hash(inputs, request)
     if stamp.exists() and stamp.read_text() == key and all((out_dir / f).exists() for f in files):
         return
-    written = [name for name, text in sorted(files.items()) if write_if_different(out_dir / name, text)]
+    written = [
+        name for name, text in sorted(files.items()) if write_if_different(out_dir / name, text)
+    ]
     for stale in out_dir.iterdir():
         if stale.name not in files and stale.name != STAMP_NAME:
             stale.unlink()

@@ -7,8 +7,9 @@ import torch
 from .. import load
 
 
-def topk_softmax(gating_output: torch.Tensor, topk: int, renormalize: bool = False
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def topk_softmax(
+    gating_output: torch.Tensor, topk: int, renormalize: bool = False
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Returns (topk_weights fp32, topk_ids int32, token_expert_indices int32), each
     [num_tokens, topk]."""
     load("_moe_C")
@@ -21,8 +22,9 @@ def topk_softmax(gating_output: torch.Tensor, topk: int, renormalize: bool = Fal
     return weights, ids, token_expert
 
 
-def topk_softmax_ref(gating_output: torch.Tensor, topk: int, renormalize: bool = False
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
+def topk_softmax_ref(
+    gating_output: torch.Tensor, topk: int, renormalize: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
     """fp32 softmax and top-k, ties to the lower expert id (a stable sort)."""
     probs = torch.softmax(gating_output.float(), dim=-1)
     order = torch.sort(-probs, dim=-1, stable=True).indices[..., :topk]

@@ -204,7 +204,7 @@ __global__ void __launch_bounds__(kMaxCachedThreads) rms_norm_cached_kernel(cons
 /// per block row at a time): loads input and residual, stores the rounded sum to the residual,
 /// then writes the normalised rounded sum to the input.
 template <typename T, int kVec, int kCache>
-__global__ void __launch_bounds__(kMaxCachedThreads)
+__global__ void __launch_bounds__(kMaxCachedThreads, 2)
     fused_add_rms_norm_cached_kernel(const NormArgs<T> a) {
   using V = Vec<T, kVec>;
   __shared__ float smem[32];

@@ -22,7 +22,13 @@ def kernel_devices() -> list[str]:
 def pytest_generate_tests(metafunc):
     if "device" in metafunc.fixturenames:
         devices = kernel_devices()
-        params = devices or [pytest.param("none", marks=pytest.mark.skip(
-            reason="no device this aphrodite_ext build serves is here (not built, or a GPU "
-                   "backend on a machine without a GPU)"))]
+        params = devices or [
+            pytest.param(
+                "none",
+                marks=pytest.mark.skip(
+                    reason="no device this aphrodite_ext build serves is here (not built, or a GPU "
+                    "backend on a machine without a GPU)"
+                ),
+            )
+        ]
         metafunc.parametrize("device", params)

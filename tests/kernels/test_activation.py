@@ -24,8 +24,9 @@ def test_matches_reference(device, name, dtype, shape):
     x = torch.randn(*lead, 2 * d, dtype=dtype, device=device) * 3
     out = torch.full((*lead, d), float("nan"), dtype=dtype, device=device)  # poison
     _op(name)(out, x)
-    torch.testing.assert_close(out, act_and_mul_ref(name, x), atol=TOL[dtype][0],
-                               rtol=TOL[dtype][1])
+    torch.testing.assert_close(
+        out, act_and_mul_ref(name, x), atol=TOL[dtype][0], rtol=TOL[dtype][1]
+    )
 
 
 @pytest.mark.parametrize("name", OPS)
@@ -33,7 +34,7 @@ def test_strided_rows(device, name):
     # Input rows padded to a wider stride, output a column slice of a wider buffer.
     d = 769
     base = torch.randn(11, 2 * d + 64, dtype=torch.bfloat16, device=device)
-    x = base[:, 32:32 + 2 * d]
+    x = base[:, 32 : 32 + 2 * d]
     out_buf = torch.full((11, d + 5), float("nan"), dtype=torch.bfloat16, device=device)
     out = out_buf[:, :d]
     _op(name)(out, x)
@@ -48,13 +49,16 @@ def test_extreme_values(device):
     torch.testing.assert_close(out, act_and_mul_ref("silu_and_mul", x), atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("bad, match", [
-    (lambda x, out: (out, x[:, :-1]), "must be even"),
-    (lambda x, out: (out[:, :-1], x), "out must have shape"),
-    (lambda x, out: (out.float(), x), "out must be"),
-    (lambda x, out: (out, x.int()), "must be float32, float16 or bfloat16"),
-    (lambda x, out: (out, x.t().contiguous().t()), "contiguous in its last dimension"),
-])
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        (lambda x, out: (out, x[:, :-1]), "must be even"),
+        (lambda x, out: (out[:, :-1], x), "out must have shape"),
+        (lambda x, out: (out.float(), x), "out must be"),
+        (lambda x, out: (out, x.int()), "must be float32, float16 or bfloat16"),
+        (lambda x, out: (out, x.t().contiguous().t()), "contiguous in its last dimension"),
+    ],
+)
 def test_rejects_bad_input(device, bad, match):
     x = torch.randn(6, 16, dtype=torch.bfloat16, device=device)
     out = torch.empty(6, 8, dtype=torch.bfloat16, device=device)

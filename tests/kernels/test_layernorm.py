@@ -23,8 +23,7 @@ def test_rms_norm(device, dtype, shape):
     eps = float(torch.empty(()).uniform_(1e-6, 1e-4))
     out = torch.full_like(x, float("nan"))
     torch.ops._C.rms_norm(out, x, w, eps)
-    torch.testing.assert_close(out, rms_norm_ref(x, w, eps), atol=TOL[dtype][0],
-                               rtol=TOL[dtype][1])
+    torch.testing.assert_close(out, rms_norm_ref(x, w, eps), atol=TOL[dtype][0], rtol=TOL[dtype][1])
 
 
 @pytest.mark.parametrize("dtype", list(TOL))
@@ -41,20 +40,23 @@ def test_fused_add_rms_norm(device, dtype, shape):
 
 def test_strided_input(device):
     base = torch.randn(13, 1100, dtype=torch.bfloat16, device=device)
-    x = base[:, 50:50 + 1027]
+    x = base[:, 50 : 50 + 1027]
     w = torch.randn(1027, dtype=torch.bfloat16, device=device)
     out = torch.full((13, 1027), float("nan"), dtype=torch.bfloat16, device=device)
     torch.ops._C.rms_norm(out, x, w, 1e-5)
     torch.testing.assert_close(out, rms_norm_ref(x, w, 1e-5), atol=1.6e-2, rtol=1.6e-2)
 
 
-@pytest.mark.parametrize("bad, match", [
-    (lambda o, x, w: (o, x, w[:-1], 1e-6), r"weight must have shape \[64\]"),
-    (lambda o, x, w: (o, x, w.float(), 1e-6), "weight must be"),
-    (lambda o, x, w: (o[:-1], x, w, 1e-6), "result must have the shape"),
-    (lambda o, x, w: (o, x, w, -1.0), "epsilon"),
-    (lambda o, x, w: (o, x.double(), w, 1e-6), "float32, float16 or bfloat16"),
-])
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        (lambda o, x, w: (o, x, w[:-1], 1e-6), r"weight must have shape \[64\]"),
+        (lambda o, x, w: (o, x, w.float(), 1e-6), "weight must be"),
+        (lambda o, x, w: (o[:-1], x, w, 1e-6), "result must have the shape"),
+        (lambda o, x, w: (o, x, w, -1.0), "epsilon"),
+        (lambda o, x, w: (o, x.double(), w, 1e-6), "float32, float16 or bfloat16"),
+    ],
+)
 def test_rejects_bad_input(device, bad, match):
     x = torch.randn(4, 64, dtype=torch.float16, device=device)
     w = torch.randn(64, dtype=torch.float16, device=device)
@@ -66,8 +68,9 @@ def test_opcheck(device):
     x = torch.randn(5, 83, device=device)
     w = torch.randn(83, device=device)
     torch.library.opcheck(torch.ops._C.rms_norm.default, (torch.empty_like(x), x, w, 1e-6))
-    torch.library.opcheck(torch.ops._C.fused_add_rms_norm.default,
-                          (x.clone(), torch.randn_like(x), w, 1e-6))
+    torch.library.opcheck(
+        torch.ops._C.fused_add_rms_norm.default, (x.clone(), torch.randn_like(x), w, 1e-6)
+    )
 
 
 def test_torch_compile(device):

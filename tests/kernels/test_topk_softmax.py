@@ -29,8 +29,9 @@ def _run(gating, k, renormalize):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("tokens", [1, 7, 83, 256])
-@pytest.mark.parametrize("experts, k", [(8, 2), (7, 3), (64, 8), (83, 5), (128, 8), (256, 8),
-                                        (512, 8), (600, 4)])
+@pytest.mark.parametrize(
+    "experts, k", [(8, 2), (7, 3), (64, 8), (83, 5), (128, 8), (256, 8), (512, 8), (600, 4)]
+)
 @pytest.mark.parametrize("renormalize", [False, True])
 def test_matches_reference(device, dtype, tokens, experts, k, renormalize):
     gating = _distinct_logits(tokens, experts, dtype, device)
@@ -66,12 +67,15 @@ def test_nan_and_inf_rows_give_distinct_valid_ids(device, experts):
         assert row.min() >= 0 and row.max() < experts, row
 
 
-@pytest.mark.parametrize("bad, match", [
-    (lambda w, i, s, g: (w, i.long(), s, g), "topk_indices must be Int"),
-    (lambda w, i, s, g: (w.half(), i, s, g), "topk_weights must be Float"),
-    (lambda w, i, s, g: (w, i[:-1], s, g), "topk_indices must have shape"),
-    (lambda w, i, s, g: (w, i, s, g[:, None]), r"gating_output must be \[num_tokens"),
-])
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        (lambda w, i, s, g: (w, i.long(), s, g), "topk_indices must be Int"),
+        (lambda w, i, s, g: (w.half(), i, s, g), "topk_weights must be Float"),
+        (lambda w, i, s, g: (w, i[:-1], s, g), "topk_indices must have shape"),
+        (lambda w, i, s, g: (w, i, s, g[:, None]), r"gating_output must be \[num_tokens"),
+    ],
+)
 def test_rejects_bad_input(device, bad, match):
     g = torch.randn(4, 16, device=device)
     w = torch.empty(4, 2, device=device)
