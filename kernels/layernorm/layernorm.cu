@@ -31,8 +31,10 @@ constexpr int kMultiRowThreads = 256;
 constexpr int kThreadQuantum = 64;
 /// Vectors per thread a row-in-registers block of at most 256 threads may hold, tried in order.
 constexpr int kCacheSteps[] = {1, 2, 4, 8};
-/// Largest register cache (vectors per thread), used with up to 512 threads per row.
+/// Largest register cache (vectors per thread), used with up to 512 threads per row. The fused
+/// kernel holds two vectors (input and residual) per cached one and stops at half of it.
 constexpr int kMaxCache = 8;
+constexpr int kMaxFusedCache = kMaxCache / 2;
 /// Plain rms_norm with rows in registers: when one row (group) per block would make more blocks
 /// than this, each block takes two and loads the second while it stores the first.
 constexpr int64_t kPipelineMinBlocks = 8192;
@@ -204,7 +206,7 @@ __global__ void __launch_bounds__(kMaxCachedThreads) rms_norm_cached_kernel(cons
 /// per block row at a time): loads input and residual, stores the rounded sum to the residual,
 /// then writes the normalised rounded sum to the input.
 template <typename T, int kVec, int kCache>
-__global__ void __launch_bounds__(kMaxCachedThreads, 2)
+__global__ void __launch_bounds__(kMaxCachedThreads)
     fused_add_rms_norm_cached_kernel(const NormArgs<T> a) {
   using V = Vec<T, kVec>;
   __shared__ float smem[32];
@@ -361,13 +363,14 @@ gpuError_t launch_shaped(const NormArgs<T>& a, gpuStream_t stream) {
     ty = kMultiRowThreads / tx;
     cache = 1;
   } else {
+    const int max_cache = kFused ? kMaxFusedCache : kMaxCache;
     for (int c : kCacheSteps) {
-      if (num_vecs <= int64_t{kMultiRowThreads} * c) {
+      if (c <= max_cache && num_vecs <= int64_t{kMultiRowThreads} * c) {
         cache = c;
         break;
       }
     }
-    if (cache == 0 && num_vecs <= int64_t{kMaxCachedThreads} * kMaxCache) cache = kMaxCache;
+    if (cache == 0 && num_vecs <= int64_t{kMaxCachedThreads} * max_cache) cache = max_cache;
     if (cache > 0) {
       tx = ceil_div(ceil_div(num_vecs, cache), kThreadQuantum) * kThreadQuantum;
     } else {
@@ -378,7 +381,9 @@ gpuError_t launch_shaped(const NormArgs<T>& a, gpuStream_t stream) {
     case 1: return launch_kernel<T, kVec, 1, kFused>(a, tx, ty, stream);
     case 2: return launch_kernel<T, kVec, 2, kFused>(a, tx, ty, stream);
     case 4: return launch_kernel<T, kVec, 4, kFused>(a, tx, ty, stream);
-    case 8: return launch_kernel<T, kVec, 8, kFused>(a, tx, ty, stream);
+    case 8:
+      if constexpr (!kFused) return launch_kernel<T, kVec, 8, kFused>(a, tx, ty, stream);
+      return kErrorInvalidValue;  // unreachable: the fused kernels cache at most 4 vectors
     default: return launch_kernel<T, kVec, 0, kFused>(a, tx, ty, stream);
   }
 }
