@@ -14,6 +14,10 @@ set(_APHRODITE_CPU_FLAGS_avx2 -mavx2 -mfma -mf16c)
 set(_APHRODITE_CPU_FLAGS_avx512 -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c)
 
 macro(_aphrodite_backend_setup)
+  # A CUDA build of torch looks its toolkit up even for a CPU-only extension.
+  if(APHRODITE_TORCH_CUDA AND NOT CUDA_TOOLKIT_ROOT_DIR)
+    find_path(CUDA_TOOLKIT_ROOT_DIR include/cuda_runtime.h PATHS ENV CUDA_HOME /usr/local/cuda)
+  endif()
   find_package(Torch REQUIRED)
   if(CMAKE_SYSTEM_PROCESSOR MATCHES "x86_64|AMD64|amd64")
     set(APHRODITE_CPU_ISAS scalar avx2 avx512)
