@@ -1,8 +1,9 @@
 // GPU kernels for RMS normalisation, plain and fused with the residual add (layernorm.h).
 // Narrow rows share a block (a power-of-two lane group of at most a warp per row); wide rows get
-// a block each. Rows of up to 4096 vectors (16 bytes each on the vectorised path) stay in
-// registers between the sum-of-squares pass and the output pass; wider rows are read twice.
-// Every thread issues all of its loads for a row before it uses any of them. Torch-free.
+// a block each. Rows of up to 4096 vectors (rms_norm) or 2048 vectors (fused_add_rms_norm) of 16
+// bytes (one element on the scalar path) stay in registers between the sum-of-squares pass and
+// the output pass; wider rows are read twice. Every thread issues all of its loads for a row
+// before it uses any of them. Torch-free.
 #include "layernorm/layernorm.h"
 
 #include <cstdint>
