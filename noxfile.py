@@ -64,21 +64,12 @@ def tests(session):
 
 @nox.session
 def cuda(session):
-    """CUDA backend on any machine with nvcc: the arch-matrix plan checks, then a compile and
-    link of every module for one arch (TORCH_CUDA_ARCH_LIST, default 9.0a); the kernel tests
+    """CUDA backend on any machine with nvcc: a compile and link of every module for one arch
+    (TORCH_CUDA_ARCH_LIST, default 9.0a), the arch-matrix plan checks; the kernel tests
     run where a GPU is visible and skip elsewhere."""
-    session.install(TORCH, *BUILD_DEPS)
-    session.run("pytest", "-q", "tests/build/test_plan.py", env={"APHRODITE_PLAN_REQUIRED": "1"})
     arch = os.environ.get("TORCH_CUDA_ARCH_LIST", "9.0a")
-    session.run(
-        "pip",
-        "install",
-        "--no-build-isolation",
-        "--no-deps",
-        "-e",
-        ".",
-        env={"APHRODITE_TARGET_DEVICE": "cuda", "TORCH_CUDA_ARCH_LIST": arch},
-    )
+    _install(session, "cuda", TORCH_CUDA_ARCH_LIST=arch)
+    session.run("pytest", "-q", "tests/build/test_plan.py", env={"APHRODITE_PLAN_REQUIRED": "1"})
     session.run("python", "-m", "aphrodite_ext", "plan")
     session.run(
         "python",

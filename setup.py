@@ -40,10 +40,11 @@ if importlib.util.find_spec("torch") is None:
     OPTIONS, VERSION = None, BASE_VERSION
 else:
     try:
-        OPTIONS = build_options.BuildOptions.from_env()
+        TORCH = build_options.TorchFacts.probe()
+        OPTIONS = build_options.BuildOptions.from_env(torch_facts=TORCH)
     except build_options.BuildOptionError as e:
         sys.exit(f"aphrodite_ext: {e}")
-    suffix = build_options.TorchFacts.probe().local_suffix if OPTIONS.device != "cpu" else "cpu"
+    suffix = TORCH.local_suffix if OPTIONS.device != "cpu" else "cpu"
     VERSION = f"{BASE_VERSION}+{suffix}"
 
 
