@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import platform
 import statistics
 import subprocess
@@ -46,6 +47,9 @@ def device_name(device: str) -> str:
 
 
 def commit() -> str:
+    """HEAD's short hash, or APHRODITE_COMMIT where the tree travelled without .git."""
+    if os.environ.get("APHRODITE_COMMIT"):
+        return os.environ["APHRODITE_COMMIT"]
     try:
         return (
             subprocess.run(

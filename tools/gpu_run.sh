@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: build for its arch, run the GPU tests, compute-sanitizer on every
 # kernel, the benchmarks, and a short table last. Results land in $OUT (or /tmp/gpu_out).
-#   bash tools/gpu_run.sh [ARCH]     (ARCH defaults to the visible GPU's, e.g. 9.0a)
+#   APHRODITE_COMMIT=<hash> bash tools/gpu_run.sh [ARCH]   (ARCH: default the visible GPU's)
+# (.git does not travel to the GPU machine: pass the commit so results name it.)
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu_out}
 mkdir -p "$OUT"
