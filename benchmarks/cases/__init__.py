@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Callable, Iterator
 
 
 @dataclass(frozen=True)
@@ -28,12 +28,12 @@ SHAPES = {
 
 @dataclass(frozen=True)
 class Case:
-    op: str              # the row's name
+    op: str  # the row's name
     tokens: int
     width: int
-    nbytes: int          # bytes each call must move at least (inputs read, outputs written once)
+    nbytes: int  # bytes each call must move at least (inputs read, outputs written once)
     ours: Callable[[], object]
-    ref: Callable[[], object]   # plain torch; timed eager and compiled
+    ref: Callable[[], object]  # plain torch; timed eager and compiled
 
 
 def all_cases(device: str, families: list[str] | None = None) -> Iterator[Case]:
