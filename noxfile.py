@@ -52,9 +52,11 @@ def _usable_isas(session) -> list[str]:
 @nox.session
 def tests(session):
     """Builds the CPU backend, then runs the build-system tests once and the kernel tests once
-    per CPU ISA build this machine can run (APHRODITE_CPU_ISA)."""
+    per CPU ISA build this machine can run (APHRODITE_CPU_ISA), and checks the wheel
+    (`pip wheel .`: abi3, only the built modules, runs when installed elsewhere)."""
     _install(session, "cpu")
     session.run("python", "-m", "aphrodite_ext", "info")
+    session.run("python", "tools/check_wheel.py", env={"APHRODITE_TARGET_DEVICE": "cpu"})
     session.run("pytest", "-q", "tests/build", *session.posargs)
     for isa in _usable_isas(session):
         session.run(
