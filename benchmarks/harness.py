@@ -71,8 +71,9 @@ def write(
     rows: list[list],
     out_dir: Path | None = None,
     notes: str = "",
+    tag: str | None = None,
 ) -> str:
-    """Writes results/<name>_<device>.md and .json; returns the markdown."""
+    """Writes results/<name>_<tag or device>.md and .json; returns the markdown."""
     meta = {
         "device": device_name(device),
         "date": datetime.date.today().isoformat(),
@@ -93,8 +94,9 @@ def write(
     text = "\n".join(lines) + "\n"
     for directory in filter(None, [RESULTS, out_dir]):
         directory.mkdir(parents=True, exist_ok=True)
-        (directory / f"{name}_{device}.md").write_text(text)
-        (directory / f"{name}_{device}.json").write_text(
+        stem = f"{name}_{tag or device}"
+        (directory / f"{stem}.md").write_text(text)
+        (directory / f"{stem}.json").write_text(
             json.dumps({**meta, "header": header, "rows": rows}, indent=1)
         )
     return text
