@@ -26,6 +26,13 @@ constexpr gpuError_t kErrorInvalidValue = cudaErrorInvalidValue;
 #endif
 
 constexpr int kMaxThreads = 1024;
+/// The widest warp the host may launch for: block sizes are multiples of it, and there are at
+/// least as many warps as histogram rows (AMD's CDNA waves are 64 lanes, RDNA's 32).
+#if defined(USE_ROCM)
+constexpr int64_t kHostMaxWarpSize = 64;
+#else
+constexpr int64_t kHostMaxWarpSize = 32;
+#endif
 /// Dynamic shared memory the kernel may use without an opt-in on any GPU.
 constexpr int64_t kSmemBudgetInts = 48 * 1024 / 4;
 /// Entries a chunk warp should at least have before another warp gets a chunk.
@@ -46,7 +53,7 @@ struct AlignArgs {
   int32_t capacity;
   int32_t num_blocks;
   int32_t chunk_warps;  // rows of the histogram; warps past it have no chunk
-  int32_t chunk;        // entries per chunk, a multiple of the warp size
+  int32_t chunk;        // entries per chunk warp
 };
 
 /// The expert key of entry i, or -1 when it is dropped (see moe_align.h). smap: the expert map
@@ -231,15 +238,15 @@ gpuError_t launch_typed(const MoeAlignProblem& p, gpuStream_t stream) {
 
   // Enough threads for one expert each in phase B (at least 256 so that the fills spread), a
   // full block once the input is large enough for 32 chunk warps to matter.
-  int64_t threads = ceil_div(E, 32) * 32;
+  int64_t threads = ceil_div(E, kHostMaxWarpSize) * kHostMaxWarpSize;
   if (threads < 256) threads = 256;
   if (p.numel > 1024) threads = kMaxThreads;
   if (threads > kMaxThreads) threads = kMaxThreads;
   int64_t rows = ceil_div(p.numel, kMinEntriesPerChunk);
-  if (rows > threads / 32) rows = threads / 32;
+  if (rows > threads / kHostMaxWarpSize) rows = threads / kHostMaxWarpSize;
   if (rows > max_rows) rows = max_rows;
   if (rows < 1) rows = 1;
-  const int64_t chunk = ceil_div(ceil_div(p.numel, rows), 32) * 32;
+  const int64_t chunk = ceil_div(p.numel, rows);
 
   AlignArgs<IdT> a;
   a.ids = static_cast<const IdT*>(p.topk_ids);

@@ -20,7 +20,8 @@ constexpr gpuError_t kErrorInvalidValue = hipErrorInvalidValue;
 constexpr gpuError_t kErrorInvalidValue = cudaErrorInvalidValue;
 #endif
 
-constexpr int kThreads = 256;
+// Small blocks: a decode-sized row (one token) still spreads over many SMs.
+constexpr int kThreads = 128;
 constexpr int kMaxUnrolledK = 8;
 constexpr int64_t kMaxBlocks = int64_t{1} << 20;
 
