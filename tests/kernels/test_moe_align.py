@@ -240,3 +240,22 @@ def test_torch_compile(device):
     ref = moe_align_block_size_ref(ids.cpu(), 32, 16)
     for a, b in zip(got, ref, strict=True):
         assert torch.equal(a.cpu(), b)
+
+
+@pytest.mark.parametrize(
+    "tokens, experts, k, mapped",
+    [
+        (128, 8, 8, False),  # 1024 entries: the last size of the small-block launch
+        (1025, 8, 1, False),  # 1025: the first of the full block
+        (300, 4096, 8, False),  # the most experts (3 histogram rows fit)
+        (300, 4096, 8, True),  # with the map in shared memory (2 rows)
+        (16384, 256, 8, True),  # 131072 entries, 4096 per chunk warp
+    ],
+)
+def test_launch_boundaries(device, tokens, experts, k, mapped):
+    expert_map = None
+    if mapped:
+        expert_map = torch.randperm(experts, dtype=torch.int32) - experts // 3
+        expert_map[expert_map >= 2 * experts // 3] = -1
+        expert_map = expert_map.to(device)
+    _check(_routed_ids(tokens, experts, k, device, skew=True), experts, 64, expert_map)
