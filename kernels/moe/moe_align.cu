@@ -33,8 +33,9 @@ constexpr int64_t kHostMaxWarpSize = 64;
 #else
 constexpr int64_t kHostMaxWarpSize = 32;
 #endif
-/// Dynamic shared memory the kernel may use without an opt-in on any GPU.
-constexpr int64_t kSmemBudgetInts = 48 * 1024 / 4;
+/// Dynamic shared memory the kernel may use without an opt-in on any GPU: 48 KiB for static
+/// and dynamic together, less the static warp sums.
+constexpr int64_t kSmemBudgetInts = (48 * 1024 - 256) / 4;
 /// Entries a chunk warp should at least have before another warp gets a chunk.
 constexpr int64_t kMinEntriesPerChunk = 128;
 /// Steps of 32 entries whose ids are loaded before any is processed (hides load latency).
