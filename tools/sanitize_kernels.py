@@ -23,5 +23,24 @@ for experts, k in ((8, 2), (64, 8), (256, 8), (83, 5), (600, 4)):
     tw = torch.empty(9, k, device=dev)
     ti = torch.empty(9, k, dtype=torch.int32, device=dev)
     torch.ops._moe_C.topk_softmax(tw, ti, torch.empty_like(ti), g, True)
+for tokens, experts, k, block in (
+    (1, 64, 2, 16),
+    (7, 83, 5, 16),
+    (83, 256, 8, 64),
+    (600, 8, 2, 128),
+    (4096, 256, 8, 64),
+):
+    ids = torch.rand(tokens, experts, device=dev).topk(k, -1).indices.int()
+    cap = tokens * k + min(tokens * k, experts) * (block - 1)
+    st = torch.empty(cap + 5, dtype=torch.int32, device=dev)
+    ei = torch.empty((cap + block - 1) // block + 1, dtype=torch.int32, device=dev)
+    tot = torch.empty(1, dtype=torch.int32, device=dev)
+    emap = torch.randint(-1, experts, (experts,), dtype=torch.int32, device=dev)
+    torch.ops._moe_C.moe_align_block_size(ids, experts, block, st, ei, tot, None)
+    torch.ops._moe_C.moe_align_block_size(ids.long(), experts, block, st, ei, tot, emap)
+for dtype in (torch.float32, torch.bfloat16):
+    for tokens, k, d in ((3, 8, 769), (5, 2, 4096), (2, 11, 64)):
+        x = torch.randn(tokens, k, d, dtype=dtype, device=dev)
+        torch.ops._moe_C.moe_sum(x, torch.empty(tokens, d, dtype=dtype, device=dev))
 torch.cuda.synchronize()
 print("sanitize_kernels: all kernels ran")

@@ -4,12 +4,16 @@ extension module that holds the op on first use."""
 
 from .activation import gelu_and_mul, gelu_tanh_and_mul, silu_and_mul
 from .layernorm import fused_add_rms_norm, rms_norm
+from .moe_align import moe_align_block_size
+from .moe_sum import moe_sum
 from .topk_softmax import topk_softmax
 
 __all__ = [
     "fused_add_rms_norm",
     "gelu_and_mul",
     "gelu_tanh_and_mul",
+    "moe_align_block_size",
+    "moe_sum",
     "rms_norm",
     "silu_and_mul",
     "topk_softmax",

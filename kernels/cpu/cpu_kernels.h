@@ -9,6 +9,8 @@
 #include "activation/activation.h"
 #include "layernorm/layernorm.h"
 #include "moe/topk_softmax.h"
+#include "moe/moe_align.h"
+#include "moe/moe_sum.h"
 
 #define APHRODITE_DECLARE_CPU_KERNELS(isa)                                                      \
   namespace aphrodite::cpu::isa {                                                               \
@@ -18,6 +20,8 @@
   void fused_add_rms_norm(const layernorm::FusedAddRmsNormProblem& p, int64_t row_begin,       \
                           int64_t row_end);                                                     \
   void topk_softmax(const moe::TopkSoftmaxProblem& p, int64_t row_begin, int64_t row_end);     \
+  void moe_align_block_size(const moe::MoeAlignProblem& p);                                     \
+  void moe_sum(const moe::MoeSumProblem& p, int64_t row_begin, int64_t row_end);                \
   }
 
 APHRODITE_DECLARE_CPU_KERNELS(scalar)
