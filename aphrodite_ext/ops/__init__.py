@@ -4,6 +4,7 @@ extension module that holds the op on first use."""
 
 from .activation import gelu_and_mul, gelu_tanh_and_mul, silu_and_mul
 from .layernorm import fused_add_rms_norm, rms_norm
+from .rotary import rotary_embedding
 from .topk_softmax import topk_softmax
 
 __all__ = [
@@ -13,4 +14,5 @@ __all__ = [
     "rms_norm",
     "silu_and_mul",
     "topk_softmax",
+    "rotary_embedding",
 ]

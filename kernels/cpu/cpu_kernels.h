@@ -9,6 +9,7 @@
 #include "activation/activation.h"
 #include "layernorm/layernorm.h"
 #include "moe/topk_softmax.h"
+#include "rotary/rotary.h"
 
 #define APHRODITE_DECLARE_CPU_KERNELS(isa)                                                      \
   namespace aphrodite::cpu::isa {                                                               \
@@ -18,6 +19,8 @@
   void fused_add_rms_norm(const layernorm::FusedAddRmsNormProblem& p, int64_t row_begin,       \
                           int64_t row_end);                                                     \
   void topk_softmax(const moe::TopkSoftmaxProblem& p, int64_t row_begin, int64_t row_end);     \
+  void rotary_embedding(const rotary::RotaryProblem& p, int64_t token_begin,                   \
+                        int64_t token_end);                                                     \
   }
 
 APHRODITE_DECLARE_CPU_KERNELS(scalar)
