@@ -3,10 +3,11 @@
 //
 // A block is (lanes, head slots, tokens). A lane owns kPairs rotation pairs of a head: with the
 // 16-byte path that is 16 bytes of the first half and 16 bytes of the second half of the rotated
-// part (neox), or 16 interleaved bytes (GPT-J). A thread loads its lane's cos/sin once per token
-// and keeps them in registers for every head it rotates (heads slot, slot + slots, ..., query
-// heads first, then key heads); it loads kHeadsPerBatch heads before it stores any. There is no
-// shared memory and no cross-thread communication, hence no barrier. Torch-free.
+// part (neox), or 16 interleaved bytes (GPT-J); layouts that rule 16 bytes out take the widest
+// of 8 or 4 bytes that fits, else single elements. A thread loads its lane's cos/sin once per
+// token and keeps them in registers for every head it rotates (heads slot, slot + slots, ...,
+// query heads first, then key heads); it loads kHeadsPerBatch heads before it stores any. There
+// is no shared memory and no cross-thread communication, hence no barrier. Torch-free.
 #include "rotary/rotary.h"
 
 #include <cstdint>
@@ -209,7 +210,42 @@ gpuError_t launch_kernel(RotaryArgs<T, C> a, int64_t lanes, gpuStream_t stream) 
   return gpuGetLastError();
 }
 
-/// Takes the 16-byte path when the rotated width, every stride and every pointer allow it.
+/// Whether every access of kElems consecutive elements of x (and of its lane's cos/sin) can be
+/// one aligned access: the rotated width, every stride and every pointer allow it.
+template <typename T, typename C, bool kNeox, int kElems>
+bool chunks_aligned(const RotaryArgs<T, C>& a) {
+  constexpr int64_t kBytes = kElems * static_cast<int64_t>(sizeof(T));
+  // Cache chunks: neox reads kElems cos and kElems sin per lane, GPT-J kElems / 2 of each.
+  constexpr int64_t kCacheChunk = (kNeox ? kElems : kElems / 2) * static_cast<int64_t>(sizeof(C));
+  constexpr int64_t kCacheAlign = kCacheChunk < 16 ? kCacheChunk : 16;
+  const int64_t half = a.half;
+  bool ok = (kNeox ? half % kElems == 0 : (2 * half) % kElems == 0) &&
+            aligned_to(a.query, kBytes) && a.query_token_stride % kElems == 0 &&
+            a.query_head_stride % kElems == 0 && aligned_to(a.cache, kCacheAlign) &&
+            (a.cache_stride * static_cast<int64_t>(sizeof(C))) % kCacheAlign == 0 &&
+            (half * static_cast<int64_t>(sizeof(C))) % kCacheAlign == 0;
+  if (a.key != nullptr) {
+    ok = ok && aligned_to(a.key, kBytes) && a.key_token_stride % kElems == 0 &&
+         a.key_head_stride % kElems == 0;
+  }
+  return ok;
+}
+
+/// Launches with the widest chunk of at most kElems elements (16 bytes first, then halving down
+/// to two elements) that the layout allows, else element by element.
+template <typename T, typename C, bool kNeox, int kElems>
+gpuError_t launch_widest(const RotaryArgs<T, C>& a, gpuStream_t stream) {
+  if constexpr (kElems >= 2) {
+    constexpr int kPairs = kNeox ? kElems : kElems / 2;
+    if (chunks_aligned<T, C, kNeox, kElems>(a)) {
+      return launch_kernel<T, C, kNeox, kPairs, true>(a, a.half / kPairs, stream);
+    }
+    return launch_widest<T, C, kNeox, kElems / 2>(a, stream);
+  } else {
+    return launch_kernel<T, C, kNeox, 1, false>(a, a.half, stream);
+  }
+}
+
 template <typename T, typename C>
 gpuError_t run_typed(const RotaryProblem& p, gpuStream_t stream) {
   RotaryArgs<T, C> a;
@@ -230,28 +266,9 @@ gpuError_t run_typed(const RotaryProblem& p, gpuStream_t stream) {
   a.half = static_cast<int>(p.rot_dim / 2);
   a.positions_int32 = p.positions_int32;
   a.lanes = 0;
-
   constexpr int kVec = static_cast<int>(16 / sizeof(T));  // elements of a 16-byte access
-  const int64_t half = p.rot_dim / 2;
-  // Cache chunks: neox reads kVec cos and kVec sin per lane, GPT-J kVec / 2 of each.
-  const int64_t cache_chunk = (p.is_neox ? kVec : kVec / 2) * static_cast<int64_t>(sizeof(C));
-  const int64_t cache_align = cache_chunk < 16 ? cache_chunk : 16;
-  bool vectorised =
-      (p.is_neox ? half % kVec == 0 : p.rot_dim % kVec == 0) && aligned_to(a.query, 16) &&
-      a.query_token_stride % kVec == 0 && a.query_head_stride % kVec == 0 &&
-      aligned_to(a.cache, cache_align) &&
-      (a.cache_stride * static_cast<int64_t>(sizeof(C))) % cache_align == 0 &&
-      (half * static_cast<int64_t>(sizeof(C))) % cache_align == 0;
-  if (a.key != nullptr) {
-    vectorised = vectorised && aligned_to(a.key, 16) && a.key_token_stride % kVec == 0 &&
-                 a.key_head_stride % kVec == 0;
-  }
-  if (p.is_neox) {
-    if (vectorised) return launch_kernel<T, C, true, kVec, true>(a, half / kVec, stream);
-    return launch_kernel<T, C, true, 1, false>(a, half, stream);
-  }
-  if (vectorised) return launch_kernel<T, C, false, kVec / 2, true>(a, p.rot_dim / kVec, stream);
-  return launch_kernel<T, C, false, 1, false>(a, half, stream);
+  if (p.is_neox) return launch_widest<T, C, true, kVec>(a, stream);
+  return launch_widest<T, C, false, kVec>(a, stream);
 }
 
 template <typename T>

@@ -135,6 +135,8 @@ def test_misaligned(device, dtype, is_neox, case):
         (5, 600, 3, 64, 64, 0),  # more heads than a block's head slots
         (3, 2, 1, 1040, 1040, 1),  # element-wise path with more lanes than a block
         (1, 32, 8, 128, 128, 0),  # decode
+        (7, 4, 2, 96, 24, 0),  # rot_dim / 2 = 12: 8-byte accesses on the GPU
+        (7, 4, 2, 80, 20, 0),  # rot_dim / 2 = 10: 4-byte accesses (neox)
     ],
 )
 @pytest.mark.parametrize("is_neox", [True, False], ids=["neox", "gptj"])
