@@ -42,5 +42,29 @@ for dtype in (torch.float32, torch.bfloat16):
     for tokens, k, d in ((3, 8, 769), (5, 2, 4096), (2, 11, 64)):
         x = torch.randn(tokens, k, d, dtype=dtype, device=dev)
         torch.ops._moe_C.moe_sum(x, torch.empty(tokens, d, dtype=dtype, device=dev))
+# rotary_embedding: 16-byte and element-wise paths (offset 1), neox and GPT-J, query-dtype and
+# fp32 caches, int32 positions, no key, an out-of-range position (left unchanged, no cache read),
+# several tokens per block (1100 tokens, 1 head), more lanes than a block (head 1040, unaligned).
+for dtype, cache_dtype in (
+    (torch.bfloat16, torch.bfloat16),
+    (torch.float16, torch.float32),
+    (torch.float32, torch.float32),
+):
+    for is_neox in (True, False):
+        for tokens, heads, head_size, rot_dim, offset in (
+            (5, 3, 128, 128, 0),
+            (5, 3, 80, 64, 0),
+            (5, 3, 64, 32, 1),
+            (1100, 1, 64, 32, 0),
+            (3, 2, 1040, 1040, 1),
+        ):
+            qkv = torch.randn(tokens, offset + (heads + 2) * head_size, dtype=dtype, device=dev)
+            q = qkv[:, offset : offset + heads * head_size]
+            k = qkv[:, offset + heads * head_size : offset + (heads + 1) * head_size]
+            cache = torch.randn(17, rot_dim, dtype=cache_dtype, device=dev)
+            pos = torch.randint(0, 17, (tokens,), device=dev)
+            pos[tokens // 2] = 17
+            torch.ops._C.rotary_embedding(pos, q, k, head_size, cache, is_neox)
+            torch.ops._C.rotary_embedding(pos.int(), q, None, head_size, cache, is_neox)
 torch.cuda.synchronize()
 print("sanitize_kernels: all kernels ran")

@@ -6,6 +6,7 @@ from .activation import gelu_and_mul, gelu_tanh_and_mul, silu_and_mul
 from .layernorm import fused_add_rms_norm, rms_norm
 from .moe_align import moe_align_block_size
 from .moe_sum import moe_sum
+from .rotary import rotary_embedding
 from .topk_softmax import topk_softmax
 
 __all__ = [
@@ -17,4 +18,5 @@ __all__ = [
     "rms_norm",
     "silu_and_mul",
     "topk_softmax",
+    "rotary_embedding",
 ]

@@ -11,6 +11,7 @@
 #include "moe/topk_softmax.h"
 #include "moe/moe_align.h"
 #include "moe/moe_sum.h"
+#include "rotary/rotary.h"
 
 #define APHRODITE_DECLARE_CPU_KERNELS(isa)                                                      \
   namespace aphrodite::cpu::isa {                                                               \
@@ -22,6 +23,8 @@
   void topk_softmax(const moe::TopkSoftmaxProblem& p, int64_t row_begin, int64_t row_end);     \
   void moe_align_block_size(const moe::MoeAlignProblem& p);                                     \
   void moe_sum(const moe::MoeSumProblem& p, int64_t row_begin, int64_t row_end);                \
+  void rotary_embedding(const rotary::RotaryProblem& p, int64_t token_begin,                   \
+                        int64_t token_end);                                                     \
   }
 
 APHRODITE_DECLARE_CPU_KERNELS(scalar)
