@@ -3,14 +3,19 @@ torch beside it. The wrappers allocate outputs where the raw ops take them, and 
 extension module that holds the op on first use."""
 
 from .activation import gelu_and_mul, gelu_tanh_and_mul, silu_and_mul
+from .cache import copy_blocks, reshape_and_cache, reshape_and_cache_flash, swap_blocks
 from .layernorm import fused_add_rms_norm, rms_norm
 from .topk_softmax import topk_softmax
 
 __all__ = [
+    "copy_blocks",
     "fused_add_rms_norm",
     "gelu_and_mul",
     "gelu_tanh_and_mul",
+    "reshape_and_cache",
+    "reshape_and_cache_flash",
     "rms_norm",
     "silu_and_mul",
+    "swap_blocks",
     "topk_softmax",
 ]

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "activation/activation.h"
+#include "cache/cache.h"
 #include "layernorm/layernorm.h"
 #include "moe/topk_softmax.h"
 
@@ -18,6 +19,9 @@
   void fused_add_rms_norm(const layernorm::FusedAddRmsNormProblem& p, int64_t row_begin,       \
                           int64_t row_end);                                                     \
   void topk_softmax(const moe::TopkSoftmaxProblem& p, int64_t row_begin, int64_t row_end);     \
+  void reshape_and_cache(const cache::ReshapeAndCacheProblem& p, int64_t token_begin,         \
+                         int64_t token_end);                                              \
+  void copy_blocks(const cache::CopyBlocksProblem& p, int64_t item_begin, int64_t item_end); \
   }
 
 APHRODITE_DECLARE_CPU_KERNELS(scalar)

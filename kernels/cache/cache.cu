@@ -1,0 +1,315 @@
+// GPU kernels of the KV cache family (cache.h).
+//
+// reshape_and_cache: a block takes a tile of up to 32 tokens of one kv head. It first turns the
+// tile's slots into cache offsets (one division per token, kept in shared memory), then moves
+// the tile:
+//   - keys (and flash values) in 16-byte cache chunks, chunk index fastest: a warp reads whole
+//     input rows and writes whole sectors (paged keys of two neighbouring slots are adjacent);
+//   - paged values, whose elements sit block_size apart in the cache, with the token index
+//     fastest: each lane reads a 16-byte piece of one token's row and stores its elements one
+//     by one, so that a warp's stores of one element index land on consecutive slots.
+// Misaligned inputs take the same kernels with element-wise accesses. copy_blocks: one block
+// per (pair, layer, key|value), copying with the widest access the alignment allows.
+// Torch-free.
+#include "cache/cache.h"
+
+#include <cstdint>
+#include <type_traits>
+
+#include "common/gpu.h"
+#if !defined(USE_ROCM)
+#include "common/fp8.h"
+#endif
+
+namespace aphrodite::cache {
+namespace {
+
+#if defined(USE_ROCM)
+constexpr gpuError_t kErrorInvalidValue = hipErrorInvalidValue;
+#else
+constexpr gpuError_t kErrorInvalidValue = cudaErrorInvalidValue;
+#endif
+
+constexpr int kThreads = 256;
+/// Tokens per block of reshape_and_cache: one warp's width, so that a warp of the paged value
+/// loop covers 32 consecutive tokens.
+constexpr int kTileTokens = 32;
+constexpr int64_t kMaxGridY = 65535;
+
+/// N elements moved together; on the vector path with 16-byte accesses.
+template <typename T, int N>
+struct alignas(16) Chunk {
+  T v[N];
+};
+
+template <typename T, int N, bool kVec>
+__device__ __forceinline__ void load_chunk(Chunk<T, N>& r, const T* __restrict__ src) {
+  if constexpr (kVec) {
+    static_assert(sizeof(T) * N % 16 == 0, "vector chunks are whole 16-byte vectors");
+#pragma unroll
+    for (int i = 0; i < static_cast<int>(sizeof(T) * N / 16); ++i) {
+      reinterpret_cast<uint4*>(r.v)[i] = reinterpret_cast<const uint4*>(src)[i];
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) r.v[i] = src[i];
+  }
+}
+
+template <typename T, int N, bool kVec>
+__device__ __forceinline__ void store_chunk(T* __restrict__ dst, const Chunk<T, N>& r) {
+  if constexpr (kVec) {
+    static_assert(sizeof(T) * N % 16 == 0, "vector chunks are whole 16-byte vectors");
+#pragma unroll
+    for (int i = 0; i < static_cast<int>(sizeof(T) * N / 16); ++i) {
+      reinterpret_cast<uint4*>(dst)[i] = reinterpret_cast<const uint4*>(r.v)[i];
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) dst[i] = r.v[i];
+  }
+}
+
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+/// A cache element from an input element: the same bits for kAuto caches (In == Out, raw
+/// unsigned integers), fp8(x * inv_scale) for fp8 caches.
+template <typename Out, typename In>
+__device__ __forceinline__ Out to_cache(In x, float inv_scale) {
+  if constexpr (std::is_same_v<In, Out>) {
+    return x;
+  } else {
+#if defined(USE_ROCM)
+    static_assert(!std::is_same_v<Out, uint8_t>, "fp8 caches need kernels/common/fp8.h (CUDA)");
+    return Out{};
+#else
+    static_assert(std::is_same_v<Out, uint8_t>, "only fp8 caches convert");
+    return fp8::quantize(to_float(x), inv_scale);
+#endif
+  }
+}
+
+/// Writes the tile's rows in chunks of kCh elements, chunk index fastest: item i is chunk
+/// i % chunks of token i / chunks, read from src + token * src_token_stride + chunk * kCh and
+/// written to dst + dst_offset[token] + chunk * dst_chunk_stride. Tokens whose offset is
+/// negative are skipped.
+template <typename In, typename Out, int kCh, bool kVec>
+__device__ __forceinline__ void write_chunks(const In* __restrict__ src, int64_t src_token_stride,
+                                             Out* __restrict__ dst, const int64_t* dst_offset,
+                                             int tile, int chunks, int64_t dst_chunk_stride,
+                                             float inv_scale) {
+  const int total = tile * chunks;
+  // (token, chunk) of item i, advanced by kThreads items per step without dividing again.
+  int t = static_cast<int>(threadIdx.x) / chunks;
+  int c = static_cast<int>(threadIdx.x) - t * chunks;
+  const int step_t = kThreads / chunks;
+  const int step_c = kThreads - step_t * chunks;
+  for (int i = threadIdx.x; i < total; i += kThreads) {
+    const int64_t offset = dst_offset[t];
+    if (offset >= 0) {
+      Chunk<In, kCh> in;
+      load_chunk<In, kCh, kVec>(in, src + t * src_token_stride + c * kCh);
+      Chunk<Out, kCh> out;
+#pragma unroll
+      for (int j = 0; j < kCh; ++j) out.v[j] = to_cache<Out>(in.v[j], inv_scale);
+      store_chunk<Out, kCh, kVec>(dst + offset + c * dst_chunk_stride, out);
+    }
+    t += step_t;
+    c += step_c;
+    if (c >= chunks) {
+      c -= chunks;
+      ++t;
+    }
+  }
+}
+
+/// Paged values: value_cache[block, h, d, offset] = value[t, h, d]. Item i is piece
+/// i / tile (kVe elements) of token i % tile, so that consecutive lanes take consecutive tokens
+/// and their element-wise stores land on consecutive slots.
+template <typename In, typename Out, int kVe, bool kVec>
+__device__ __forceinline__ void write_paged_values(const In* __restrict__ src,
+                                                   int64_t src_token_stride, Out* __restrict__ dst,
+                                                   const int64_t* dst_offset, int tile, int pieces,
+                                                   int64_t block_size, float inv_scale) {
+  const int total = tile * pieces;
+  int c = static_cast<int>(threadIdx.x) / tile;
+  int t = static_cast<int>(threadIdx.x) - c * tile;
+  const int step_c = kThreads / tile;
+  const int step_t = kThreads - step_c * tile;
+  for (int i = threadIdx.x; i < total; i += kThreads) {
+    const int64_t offset = dst_offset[t];
+    if (offset >= 0) {
+      Chunk<In, kVe> in;
+      load_chunk<In, kVe, kVec>(in, src + t * src_token_stride + c * kVe);
+      Out* d = dst + offset + static_cast<int64_t>(c) * kVe * block_size;
+#pragma unroll
+      for (int j = 0; j < kVe; ++j) d[j * block_size] = to_cache<Out>(in.v[j], inv_scale);
+    }
+    t += step_t;
+    c += step_c;
+    if (t >= tile) {
+      t -= tile;
+      ++c;
+    }
+  }
+}
+
+/// Grid: (ceil(num_tokens / kTileTokens), num_kv_heads); kThreads threads.
+/// In/Out: raw unsigned integers of the element size for kAuto caches; the input's type and
+/// uint8_t for fp8 caches. kVec: 16-byte accesses (pointers, strides and head_size allow them).
+template <typename In, typename Out, bool kFlash, bool kVec>
+__global__ void __launch_bounds__(kThreads)
+    reshape_and_cache_kernel(const ReshapeAndCacheProblem p) {
+  constexpr int kX = 16 / sizeof(Out);  // cache elements per 16-byte chunk
+  // Keys (and flash values) move in chunks of kCh elements: whole x-chunks in the paged layout
+  // (head_size is a multiple of x there), single elements for misaligned flash caches.
+  constexpr int kCh = (kVec || !kFlash) ? kX : 1;
+  // Paged values are read kVe elements at a time.
+  constexpr int kVe = kVec ? static_cast<int>(16 / sizeof(In)) : 1;
+
+  __shared__ int64_t key_offset[kTileTokens];
+  __shared__ int64_t value_offset[kTileTokens];
+  const int64_t t0 = static_cast<int64_t>(blockIdx.x) * kTileTokens;
+  const int64_t h = blockIdx.y;
+  const int tile = static_cast<int>(p.num_tokens - t0 < kTileTokens ? p.num_tokens - t0
+                                                                    : kTileTokens);
+  if (static_cast<int>(threadIdx.x) < tile) {
+    const int64_t slot = p.slot_mapping[t0 + threadIdx.x];
+    int64_t k = -1, v = -1;
+    // Out-of-range slots are skipped rather than written out of bounds (the CPU backend
+    // rejects them; here checking would cost a synchronisation).
+    if (slot >= 0 && slot < p.num_slots) {
+      const int64_t block = slot / p.block_size;
+      const int64_t offset = slot - block * p.block_size;
+      if constexpr (kFlash) {
+        k = block * p.key_cache_block_stride + offset * p.key_cache_slot_stride +
+            h * p.key_cache_head_stride;
+        v = block * p.value_cache_block_stride + offset * p.value_cache_slot_stride +
+            h * p.value_cache_head_stride;
+      } else {
+        k = block * p.key_cache_block_stride + h * p.key_cache_head_stride + offset * kX;
+        v = block * p.value_cache_block_stride + h * p.value_cache_head_stride + offset;
+      }
+    }
+    key_offset[threadIdx.x] = k;
+    value_offset[threadIdx.x] = v;
+  }
+  __syncthreads();
+
+  float inv_k = 1.0f, inv_v = 1.0f;
+  if constexpr (!std::is_same_v<In, Out>) {
+    inv_k = 1.0f / *p.k_scale;
+    inv_v = 1.0f / *p.v_scale;
+  }
+  const In* key = static_cast<const In*>(p.key) + t0 * p.key_token_stride + h * p.key_head_stride;
+  const In* value =
+      static_cast<const In*>(p.value) + t0 * p.value_token_stride + h * p.value_head_stride;
+  Out* key_cache = static_cast<Out*>(p.key_cache);
+  Out* value_cache = static_cast<Out*>(p.value_cache);
+  const int chunks = static_cast<int>(p.head_size / kCh);
+  const int64_t key_chunk_stride = kFlash ? kCh : p.block_size * kX;
+  write_chunks<In, Out, kCh, kVec>(key, p.key_token_stride, key_cache, key_offset, tile, chunks,
+                                   key_chunk_stride, inv_k);
+  if constexpr (kFlash) {
+    write_chunks<In, Out, kCh, kVec>(value, p.value_token_stride, value_cache, value_offset, tile,
+                                     chunks, kCh, inv_v);
+  } else {
+    write_paged_values<In, Out, kVe, kVec>(value, p.value_token_stride, value_cache, value_offset,
+                                           tile, static_cast<int>(p.head_size / kVe), p.block_size,
+                                           inv_v);
+  }
+}
+
+bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+
+template <typename In, typename Out>
+gpuError_t launch_reshape_typed(const ReshapeAndCacheProblem& p, gpuStream_t stream) {
+  constexpr int64_t kX = 16 / sizeof(Out);
+  constexpr int64_t in_size = sizeof(In), out_size = sizeof(Out);
+  const bool flash = p.layout == CacheLayout::kFlash;
+  bool vec = aligned16(p.key) && aligned16(p.value) && aligned16(p.key_cache) &&
+             aligned16(p.value_cache) && p.head_size % kX == 0;
+  for (int64_t s : {p.key_token_stride, p.key_head_stride, p.value_token_stride,
+                    p.value_head_stride}) {
+    vec = vec && (s * in_size) % 16 == 0;
+  }
+  for (int64_t s : {p.key_cache_block_stride, p.key_cache_head_stride, p.value_cache_block_stride,
+                    p.value_cache_head_stride}) {
+    vec = vec && (s * out_size) % 16 == 0;
+  }
+  if (flash) {
+    vec = vec && (p.key_cache_slot_stride * out_size) % 16 == 0 &&
+          (p.value_cache_slot_stride * out_size) % 16 == 0;
+  }
+  const dim3 grid(static_cast<unsigned>((p.num_tokens + kTileTokens - 1) / kTileTokens),
+                  static_cast<unsigned>(p.num_kv_heads));
+  if (flash && vec) {
+    reshape_and_cache_kernel<In, Out, true, true><<<grid, kThreads, 0, stream>>>(p);
+  } else if (flash) {
+    reshape_and_cache_kernel<In, Out, true, false><<<grid, kThreads, 0, stream>>>(p);
+  } else if (vec) {
+    reshape_and_cache_kernel<In, Out, false, true><<<grid, kThreads, 0, stream>>>(p);
+  } else {
+    reshape_and_cache_kernel<In, Out, false, false><<<grid, kThreads, 0, stream>>>(p);
+  }
+  return gpuGetLastError();
+}
+
+template <typename V>
+__global__ void __launch_bounds__(kThreads) copy_blocks_kernel(const CopyBlocksProblem p) {
+  const int64_t pair = blockIdx.x;
+  const bool is_value = blockIdx.z != 0;
+  const int64_t src = p.block_mapping[2 * pair];
+  const int64_t dst = p.block_mapping[2 * pair + 1];
+  char* base = static_cast<char*>(is_value ? p.value_caches[blockIdx.y] : p.key_caches[blockIdx.y]);
+  const int64_t stride = is_value ? p.value_block_stride_bytes : p.key_block_stride_bytes;
+  const int64_t n = (is_value ? p.value_block_bytes : p.key_block_bytes) /
+                    static_cast<int64_t>(sizeof(V));
+  const V* __restrict__ from = reinterpret_cast<const V*>(base + src * stride);
+  V* __restrict__ to = reinterpret_cast<V*>(base + dst * stride);
+  for (int64_t i = threadIdx.x; i < n; i += kThreads) to[i] = from[i];
+}
+
+template <typename V>
+gpuError_t launch_copy_typed(const CopyBlocksProblem& p, gpuStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(p.num_pairs), static_cast<unsigned>(p.num_layers), 2);
+  copy_blocks_kernel<V><<<grid, kThreads, 0, stream>>>(p);
+  return gpuGetLastError();
+}
+
+}  // namespace
+
+gpuError_t launch_reshape_and_cache(const ReshapeAndCacheProblem& p, gpuStream_t stream) {
+  if (p.num_tokens == 0 || p.num_kv_heads == 0 || p.head_size == 0) return gpuSuccess;
+  if (p.num_kv_heads > kMaxGridY || p.head_size > (int64_t{1} << 20)) return kErrorInvalidValue;
+  if (p.cache_dtype == KvCacheDtype::kAuto) {
+    if (p.dtype == ScalarType::kFloat32) return launch_reshape_typed<uint32_t, uint32_t>(p, stream);
+    return launch_reshape_typed<uint16_t, uint16_t>(p, stream);
+  }
+#if defined(USE_ROCM)
+  return kErrorInvalidValue;
+#else
+  switch (p.dtype) {
+    case ScalarType::kFloat32: return launch_reshape_typed<float, uint8_t>(p, stream);
+    case ScalarType::kFloat16: return launch_reshape_typed<__half, uint8_t>(p, stream);
+    case ScalarType::kBFloat16: return launch_reshape_typed<__nv_bfloat16, uint8_t>(p, stream);
+  }
+  return kErrorInvalidValue;
+#endif
+}
+
+gpuError_t launch_copy_blocks(const CopyBlocksProblem& p, gpuStream_t stream) {
+  if (p.num_pairs == 0 || p.num_layers == 0) return gpuSuccess;
+  if (p.num_layers > kMaxGridY || p.num_pairs > INT32_MAX) return kErrorInvalidValue;
+  switch (p.alignment) {
+    case 16: return launch_copy_typed<uint4>(p, stream);
+    case 8: return launch_copy_typed<uint2>(p, stream);
+    case 4: return launch_copy_typed<uint32_t>(p, stream);
+    case 2: return launch_copy_typed<uint16_t>(p, stream);
+    default: return launch_copy_typed<uint8_t>(p, stream);
+  }
+}
+
+}  // namespace aphrodite::cache
