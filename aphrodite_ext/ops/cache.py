@@ -170,7 +170,5 @@ def copy_blocks_ref(key_caches, value_caches, block_mapping) -> tuple[list, list
 def swap_blocks_ref(src, dst, block_mapping) -> torch.Tensor:
     """A new dst with the blocks of src copied in."""
     out = dst.clone()
-    out[block_mapping[:, 1].to(dst.device)] = src[block_mapping[:, 0].to(src.device)].to(
-        dst.device
-    )
+    out[block_mapping[:, 1].to(dst.device)] = src[block_mapping[:, 0].to(src.device)].to(dst.device)
     return out
