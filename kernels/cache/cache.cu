@@ -1,13 +1,14 @@
 // GPU kernels of the KV cache family (cache.h).
 //
-// reshape_and_cache: a block takes a tile of up to 32 tokens of one kv head. It first turns the
-// tile's slots into cache offsets (one division per token, kept in shared memory), then moves
-// the tile:
+// reshape_and_cache: a block takes a tile of up to 32 tokens of one kv head and moves it
 //   - keys (and flash values) in 16-byte cache chunks, chunk index fastest: a warp reads whole
 //     input rows and writes whole sectors (paged keys of two neighbouring slots are adjacent);
 //   - paged values, whose elements sit block_size apart in the cache, with the token index
 //     fastest: each lane reads a 16-byte piece of one token's row and stores its elements one
 //     by one, so that a warp's stores of one element index land on consecutive slots.
+// Each item loads its input and its slot together (no shared memory, no barrier: at decode
+// sizes the kernel is two dependent loads and a store); power-of-two block sizes split slots
+// with a shift.
 // Misaligned inputs take the same kernels with element-wise accesses. copy_blocks: one block
 // per (pair, layer, key|value), copying with the widest access the alignment allows.
 // Torch-free.
@@ -42,6 +43,16 @@ struct alignas(16) Chunk {
   T v[N];
 };
 
+/// One 16-byte store. Spelled as an intrinsic on CUDA: a plain uint4 assignment of loaded data
+/// came out as four 4-byte stores.
+__device__ __forceinline__ void store16(void* dst, const uint4& v) {
+#if defined(USE_ROCM)
+  *reinterpret_cast<uint4*>(dst) = v;
+#else
+  __stwb(reinterpret_cast<uint4*>(dst), v);
+#endif
+}
+
 template <typename T, int N, bool kVec>
 __device__ __forceinline__ void load_chunk(Chunk<T, N>& r, const T* __restrict__ src) {
   if constexpr (kVec) {
@@ -62,7 +73,7 @@ __device__ __forceinline__ void store_chunk(T* __restrict__ dst, const Chunk<T, 
     static_assert(sizeof(T) * N % 16 == 0, "vector chunks are whole 16-byte vectors");
 #pragma unroll
     for (int i = 0; i < static_cast<int>(sizeof(T) * N / 16); ++i) {
-      reinterpret_cast<uint4*>(dst)[i] = reinterpret_cast<const uint4*>(r.v)[i];
+      store16(reinterpret_cast<uint4*>(dst) + i, reinterpret_cast<const uint4*>(r.v)[i]);
     }
   } else {
 #pragma unroll
@@ -91,14 +102,42 @@ __device__ __forceinline__ Out to_cache(In x, float inv_scale) {
   }
 }
 
+/// The cache rows of a tile's tokens: token t of the tile goes to element
+/// block * block_stride + offset * slot_stride of a cache (from its head's base), where
+/// slots[t] = block * block_size + offset.
+struct TileSlots {
+  const int64_t* slots;  ///< the tile's first slot
+  int64_t num_slots;
+  int64_t block_size;
+  int block_shift;       ///< log2(block_size) where it is a power of two, else -1
+
+  /// The row's element offset, or -1 for padding (negative) and out-of-range slots, which are
+  /// skipped rather than written out of bounds (the CPU backend rejects the latter; checking
+  /// here would cost a synchronisation).
+  __device__ __forceinline__ int64_t row(int t, int64_t block_stride, int64_t slot_stride) const {
+    const int64_t slot = slots[t];
+    if (slot < 0 || slot >= num_slots) return -1;
+    int64_t block, offset;
+    if (block_shift >= 0) {
+      block = slot >> block_shift;
+      offset = slot & (block_size - 1);
+    } else {
+      block = slot / block_size;
+      offset = slot - block * block_size;
+    }
+    return block * block_stride + offset * slot_stride;
+  }
+};
+
 /// Writes the tile's rows in chunks of kCh elements, chunk index fastest: item i is chunk
 /// i % chunks of token i / chunks, read from src + token * src_token_stride + chunk * kCh and
-/// written to dst + dst_offset[token] + chunk * dst_chunk_stride. Tokens whose offset is
-/// negative are skipped.
+/// written to dst + row + chunk * dst_chunk_stride. The input is loaded before the slot is
+/// known, so that the two loads overlap.
 template <typename In, typename Out, int kCh, bool kVec>
 __device__ __forceinline__ void write_chunks(const In* __restrict__ src, int64_t src_token_stride,
-                                             Out* __restrict__ dst, const int64_t* dst_offset,
-                                             int tile, int chunks, int64_t dst_chunk_stride,
+                                             Out* __restrict__ dst, const TileSlots& slots,
+                                             int64_t block_stride, int64_t slot_stride, int tile,
+                                             int chunks, int64_t dst_chunk_stride,
                                              float inv_scale) {
   const int total = tile * chunks;
   // (token, chunk) of item i, advanced by kThreads items per step without dividing again.
@@ -107,14 +146,29 @@ __device__ __forceinline__ void write_chunks(const In* __restrict__ src, int64_t
   const int step_t = kThreads / chunks;
   const int step_c = kThreads - step_t * chunks;
   for (int i = threadIdx.x; i < total; i += kThreads) {
-    const int64_t offset = dst_offset[t];
-    if (offset >= 0) {
-      Chunk<In, kCh> in;
-      load_chunk<In, kCh, kVec>(in, src + t * src_token_stride + c * kCh);
-      Chunk<Out, kCh> out;
+    const In* from = src + t * src_token_stride + c * kCh;
+    if constexpr (kVec && std::is_same_v<In, Out>) {
+      // The same bits: move the 16-byte vectors as they are.
+      constexpr int kVecs = static_cast<int>(kCh * sizeof(In) / 16);
+      uint4 v[kVecs];
 #pragma unroll
-      for (int j = 0; j < kCh; ++j) out.v[j] = to_cache<Out>(in.v[j], inv_scale);
-      store_chunk<Out, kCh, kVec>(dst + offset + c * dst_chunk_stride, out);
+      for (int k = 0; k < kVecs; ++k) v[k] = reinterpret_cast<const uint4*>(from)[k];
+      const int64_t row = slots.row(t, block_stride, slot_stride);
+      if (row >= 0) {
+        uint4* to = reinterpret_cast<uint4*>(dst + row + c * dst_chunk_stride);
+#pragma unroll
+        for (int k = 0; k < kVecs; ++k) store16(to + k, v[k]);
+      }
+    } else {
+      Chunk<In, kCh> in;
+      load_chunk<In, kCh, kVec>(in, from);
+      const int64_t row = slots.row(t, block_stride, slot_stride);
+      if (row >= 0) {
+        Chunk<Out, kCh> out;
+#pragma unroll
+        for (int j = 0; j < kCh; ++j) out.v[j] = to_cache<Out>(in.v[j], inv_scale);
+        store_chunk<Out, kCh, kVec>(dst + row + c * dst_chunk_stride, out);
+      }
     }
     t += step_t;
     c += step_c;
@@ -131,19 +185,20 @@ __device__ __forceinline__ void write_chunks(const In* __restrict__ src, int64_t
 template <typename In, typename Out, int kVe, bool kVec>
 __device__ __forceinline__ void write_paged_values(const In* __restrict__ src,
                                                    int64_t src_token_stride, Out* __restrict__ dst,
-                                                   const int64_t* dst_offset, int tile, int pieces,
-                                                   int64_t block_size, float inv_scale) {
+                                                   const TileSlots& slots, int64_t block_stride,
+                                                   int tile, int pieces, float inv_scale) {
+  const int64_t block_size = slots.block_size;
   const int total = tile * pieces;
   int c = static_cast<int>(threadIdx.x) / tile;
   int t = static_cast<int>(threadIdx.x) - c * tile;
   const int step_c = kThreads / tile;
   const int step_t = kThreads - step_c * tile;
   for (int i = threadIdx.x; i < total; i += kThreads) {
-    const int64_t offset = dst_offset[t];
-    if (offset >= 0) {
-      Chunk<In, kVe> in;
-      load_chunk<In, kVe, kVec>(in, src + t * src_token_stride + c * kVe);
-      Out* d = dst + offset + static_cast<int64_t>(c) * kVe * block_size;
+    Chunk<In, kVe> in;
+    load_chunk<In, kVe, kVec>(in, src + t * src_token_stride + c * kVe);
+    const int64_t row = slots.row(t, block_stride, 1);
+    if (row >= 0) {
+      Out* d = dst + row + static_cast<int64_t>(c) * kVe * block_size;
 #pragma unroll
       for (int j = 0; j < kVe; ++j) d[j * block_size] = to_cache<Out>(in.v[j], inv_scale);
     }
@@ -161,7 +216,7 @@ __device__ __forceinline__ void write_paged_values(const In* __restrict__ src,
 /// uint8_t for fp8 caches. kVec: 16-byte accesses (pointers, strides and head_size allow them).
 template <typename In, typename Out, bool kFlash, bool kVec>
 __global__ void __launch_bounds__(kThreads)
-    reshape_and_cache_kernel(const ReshapeAndCacheProblem p) {
+    reshape_and_cache_kernel(const ReshapeAndCacheProblem p, const int block_shift) {
   constexpr int kX = 16 / sizeof(Out);  // cache elements per 16-byte chunk
   // Keys (and flash values) move in chunks of kCh elements: whole x-chunks in the paged layout
   // (head_size is a multiple of x there), single elements for misaligned flash caches.
@@ -169,35 +224,11 @@ __global__ void __launch_bounds__(kThreads)
   // Paged values are read kVe elements at a time.
   constexpr int kVe = kVec ? static_cast<int>(16 / sizeof(In)) : 1;
 
-  __shared__ int64_t key_offset[kTileTokens];
-  __shared__ int64_t value_offset[kTileTokens];
   const int64_t t0 = static_cast<int64_t>(blockIdx.x) * kTileTokens;
   const int64_t h = blockIdx.y;
   const int tile = static_cast<int>(p.num_tokens - t0 < kTileTokens ? p.num_tokens - t0
                                                                     : kTileTokens);
-  if (static_cast<int>(threadIdx.x) < tile) {
-    const int64_t slot = p.slot_mapping[t0 + threadIdx.x];
-    int64_t k = -1, v = -1;
-    // Out-of-range slots are skipped rather than written out of bounds (the CPU backend
-    // rejects them; here checking would cost a synchronisation).
-    if (slot >= 0 && slot < p.num_slots) {
-      const int64_t block = slot / p.block_size;
-      const int64_t offset = slot - block * p.block_size;
-      if constexpr (kFlash) {
-        k = block * p.key_cache_block_stride + offset * p.key_cache_slot_stride +
-            h * p.key_cache_head_stride;
-        v = block * p.value_cache_block_stride + offset * p.value_cache_slot_stride +
-            h * p.value_cache_head_stride;
-      } else {
-        k = block * p.key_cache_block_stride + h * p.key_cache_head_stride + offset * kX;
-        v = block * p.value_cache_block_stride + h * p.value_cache_head_stride + offset;
-      }
-    }
-    key_offset[threadIdx.x] = k;
-    value_offset[threadIdx.x] = v;
-  }
-  __syncthreads();
-
+  const TileSlots slots{p.slot_mapping + t0, p.num_slots, p.block_size, block_shift};
   float inv_k = 1.0f, inv_v = 1.0f;
   if constexpr (!std::is_same_v<In, Out>) {
     inv_k = 1.0f / *p.k_scale;
@@ -206,19 +237,24 @@ __global__ void __launch_bounds__(kThreads)
   const In* key = static_cast<const In*>(p.key) + t0 * p.key_token_stride + h * p.key_head_stride;
   const In* value =
       static_cast<const In*>(p.value) + t0 * p.value_token_stride + h * p.value_head_stride;
-  Out* key_cache = static_cast<Out*>(p.key_cache);
-  Out* value_cache = static_cast<Out*>(p.value_cache);
+  Out* key_cache = static_cast<Out*>(p.key_cache) + h * p.key_cache_head_stride;
+  Out* value_cache = static_cast<Out*>(p.value_cache) + h * p.value_cache_head_stride;
   const int chunks = static_cast<int>(p.head_size / kCh);
-  const int64_t key_chunk_stride = kFlash ? kCh : p.block_size * kX;
-  write_chunks<In, Out, kCh, kVec>(key, p.key_token_stride, key_cache, key_offset, tile, chunks,
-                                   key_chunk_stride, inv_k);
   if constexpr (kFlash) {
-    write_chunks<In, Out, kCh, kVec>(value, p.value_token_stride, value_cache, value_offset, tile,
+    write_chunks<In, Out, kCh, kVec>(key, p.key_token_stride, key_cache, slots,
+                                     p.key_cache_block_stride, p.key_cache_slot_stride, tile,
+                                     chunks, kCh, inv_k);
+    write_chunks<In, Out, kCh, kVec>(value, p.value_token_stride, value_cache, slots,
+                                     p.value_cache_block_stride, p.value_cache_slot_stride, tile,
                                      chunks, kCh, inv_v);
   } else {
-    write_paged_values<In, Out, kVe, kVec>(value, p.value_token_stride, value_cache, value_offset,
-                                           tile, static_cast<int>(p.head_size / kVe), p.block_size,
-                                           inv_v);
+    // Key chunk c of slot `offset` sits at (c * block_size + offset) * x within the head.
+    write_chunks<In, Out, kCh, kVec>(key, p.key_token_stride, key_cache, slots,
+                                     p.key_cache_block_stride, kX, tile, chunks,
+                                     p.block_size * kX, inv_k);
+    write_paged_values<In, Out, kVe, kVec>(value, p.value_token_stride, value_cache, slots,
+                                           p.value_cache_block_stride, tile,
+                                           static_cast<int>(p.head_size / kVe), inv_v);
   }
 }
 
@@ -243,16 +279,20 @@ gpuError_t launch_reshape_typed(const ReshapeAndCacheProblem& p, gpuStream_t str
     vec = vec && (p.key_cache_slot_stride * out_size) % 16 == 0 &&
           (p.value_cache_slot_stride * out_size) % 16 == 0;
   }
+  int block_shift = -1;
+  for (int b = 0; b < 62; ++b) {
+    if (p.block_size == (int64_t{1} << b)) block_shift = b;
+  }
   const dim3 grid(static_cast<unsigned>((p.num_tokens + kTileTokens - 1) / kTileTokens),
                   static_cast<unsigned>(p.num_kv_heads));
   if (flash && vec) {
-    reshape_and_cache_kernel<In, Out, true, true><<<grid, kThreads, 0, stream>>>(p);
+    reshape_and_cache_kernel<In, Out, true, true><<<grid, kThreads, 0, stream>>>(p, block_shift);
   } else if (flash) {
-    reshape_and_cache_kernel<In, Out, true, false><<<grid, kThreads, 0, stream>>>(p);
+    reshape_and_cache_kernel<In, Out, true, false><<<grid, kThreads, 0, stream>>>(p, block_shift);
   } else if (vec) {
-    reshape_and_cache_kernel<In, Out, false, true><<<grid, kThreads, 0, stream>>>(p);
+    reshape_and_cache_kernel<In, Out, false, true><<<grid, kThreads, 0, stream>>>(p, block_shift);
   } else {
-    reshape_and_cache_kernel<In, Out, false, false><<<grid, kThreads, 0, stream>>>(p);
+    reshape_and_cache_kernel<In, Out, false, false><<<grid, kThreads, 0, stream>>>(p, block_shift);
   }
   return gpuGetLastError();
 }

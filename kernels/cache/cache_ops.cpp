@@ -370,11 +370,13 @@ void swap_blocks(const at::Tensor& src, at::Tensor& dst, const at::Tensor& block
               ": src and dst must be on the GPU or the CPU, got ", src.device(), " and ",
               dst.device());
 #if defined(USE_ROCM)
-  const auto kind = src.is_cuda() ? (dst.is_cuda() ? hipMemcpyDeviceToDevice : hipMemcpyDeviceToHost)
-                                  : hipMemcpyHostToDevice;
+  const auto kind = !src.is_cuda()  ? hipMemcpyHostToDevice
+                    : dst.is_cuda() ? hipMemcpyDeviceToDevice
+                                    : hipMemcpyDeviceToHost;
 #else
-  const auto kind = src.is_cuda() ? (dst.is_cuda() ? cudaMemcpyDeviceToDevice : cudaMemcpyDeviceToHost)
-                                  : cudaMemcpyHostToDevice;
+  const auto kind = !src.is_cuda()  ? cudaMemcpyHostToDevice
+                    : dst.is_cuda() ? cudaMemcpyDeviceToDevice
+                                    : cudaMemcpyDeviceToHost;
 #endif
   const at::Device device = src.is_cuda() ? src.device() : dst.device();
   const c10::cuda::OptionalCUDAGuard guard(device);

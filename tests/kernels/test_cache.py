@@ -366,6 +366,19 @@ def test_rejects_out_of_range_slot_on_cpu(device):
         torch.ops._C.reshape_and_cache(*args)
 
 
+def test_out_of_range_slot_skipped_on_gpu(device):
+    if device == "cpu":
+        pytest.skip("the CPU backend rejects such slots")
+    args = _reshape_args(device)
+    args[4] = torch.tensor([0, 1, 64, -1, 3], device=device)
+    ref_k, ref_v = reshape_and_cache_ref(
+        args[0], args[1], args[2], args[3], torch.tensor([0, 1, -1, -1, 3], device=device)
+    )
+    torch.ops._C.reshape_and_cache(*args)
+    assert_bits_equal(args[2], ref_k)
+    assert_bits_equal(args[3], ref_v)
+
+
 def test_block_ops_reject_bad_input(device):
     k, v = paged_caches(4, 2, 64, 16, torch.float16, device)
     k2, v2 = paged_caches(4, 2, 64, 16, torch.float16, device)
@@ -379,7 +392,7 @@ def test_block_ops_reject_bad_input(device):
     with pytest.raises(RuntimeError, match=r"block_mapping must be a contiguous \[num_pairs, 2\]"):
         torch.ops._C.copy_blocks([k], [v], mapping.reshape(2))
     with pytest.raises(RuntimeError, match="names a block outside"):
-        torch.ops._C.copy_blocks([k], [v], torch.tensor([[0, 4]]).to(device))
+        torch.ops._C.copy_blocks([k], [v], torch.tensor([[0, 4]]))  # checked where on the CPU
     with pytest.raises(RuntimeError, match="each block of key_caches"):
         torch.ops._C.copy_blocks([k.transpose(1, 2)], [v], mapping)
     cpu_mapping = torch.tensor([[0, 1]])
