@@ -6,9 +6,9 @@
 //   - paged values, whose elements sit block_size apart in the cache, with the token index
 //     fastest: each lane reads a 16-byte piece of one token's row and stores its elements one
 //     by one, so that a warp's stores of one element index land on consecutive slots.
-// Each item loads its input and its slot together (no shared memory, no barrier: at decode
-// sizes the kernel is two dependent loads and a store); power-of-two block sizes split slots
-// with a shift.
+// A thread takes a key item and a value item per step and loads both inputs and their slots
+// before storing (no shared memory, no barrier: at decode sizes the kernel is one round of
+// loads and a store); power-of-two block sizes split slots with a shift.
 // Misaligned inputs take the same kernels with element-wise accesses. copy_blocks: one block
 // per (pair, layer, key|value), copying with the widest access the alignment allows.
 // Torch-free.
@@ -129,87 +129,55 @@ struct TileSlots {
   }
 };
 
-/// Writes the tile's rows in chunks of kCh elements, chunk index fastest: item i is chunk
-/// i % chunks of token i / chunks, read from src + token * src_token_stride + chunk * kCh and
-/// written to dst + row + chunk * dst_chunk_stride. The input is loaded before the slot is
-/// known, so that the two loads overlap.
-template <typename In, typename Out, int kCh, bool kVec>
-__device__ __forceinline__ void write_chunks(const In* __restrict__ src, int64_t src_token_stride,
-                                             Out* __restrict__ dst, const TileSlots& slots,
-                                             int64_t block_stride, int64_t slot_stride, int tile,
-                                             int chunks, int64_t dst_chunk_stride,
-                                             float inv_scale) {
-  const int total = tile * chunks;
-  // (token, chunk) of item i, advanced by kThreads items per step without dividing again.
-  int t = static_cast<int>(threadIdx.x) / chunks;
-  int c = static_cast<int>(threadIdx.x) - t * chunks;
-  const int step_t = kThreads / chunks;
-  const int step_c = kThreads - step_t * chunks;
-  for (int i = threadIdx.x; i < total; i += kThreads) {
-    const In* from = src + t * src_token_stride + c * kCh;
-    if constexpr (kVec && std::is_same_v<In, Out>) {
-      // The same bits: move the 16-byte vectors as they are.
-      constexpr int kVecs = static_cast<int>(kCh * sizeof(In) / 16);
-      uint4 v[kVecs];
+/// The chunk as cache elements: the same bits for kAuto caches, fp8 for fp8 caches.
+template <typename Out, typename In, int N>
+__device__ __forceinline__ Chunk<Out, N> to_cache_chunk(const Chunk<In, N>& in, float inv_scale) {
+  if constexpr (std::is_same_v<In, Out>) {
+    return in;
+  } else {
+    Chunk<Out, N> out;
 #pragma unroll
-      for (int k = 0; k < kVecs; ++k) v[k] = reinterpret_cast<const uint4*>(from)[k];
-      const int64_t row = slots.row(t, block_stride, slot_stride);
-      if (row >= 0) {
-        uint4* to = reinterpret_cast<uint4*>(dst + row + c * dst_chunk_stride);
-#pragma unroll
-        for (int k = 0; k < kVecs; ++k) store16(to + k, v[k]);
-      }
-    } else {
-      Chunk<In, kCh> in;
-      load_chunk<In, kCh, kVec>(in, from);
-      const int64_t row = slots.row(t, block_stride, slot_stride);
-      if (row >= 0) {
-        Chunk<Out, kCh> out;
-#pragma unroll
-        for (int j = 0; j < kCh; ++j) out.v[j] = to_cache<Out>(in.v[j], inv_scale);
-        store_chunk<Out, kCh, kVec>(dst + row + c * dst_chunk_stride, out);
-      }
-    }
-    t += step_t;
-    c += step_c;
-    if (c >= chunks) {
-      c -= chunks;
-      ++t;
-    }
+    for (int j = 0; j < N; ++j) out.v[j] = to_cache<Out>(in.v[j], inv_scale);
+    return out;
   }
 }
 
-/// Paged values: value_cache[block, h, d, offset] = value[t, h, d]. Item i is piece
-/// i / tile (kVe elements) of token i % tile, so that consecutive lanes take consecutive tokens
-/// and their element-wise stores land on consecutive slots.
-template <typename In, typename Out, int kVe, bool kVec>
-__device__ __forceinline__ void write_paged_values(const In* __restrict__ src,
-                                                   int64_t src_token_stride, Out* __restrict__ dst,
-                                                   const TileSlots& slots, int64_t block_stride,
-                                                   int tile, int pieces, float inv_scale) {
-  const int64_t block_size = slots.block_size;
-  const int total = tile * pieces;
-  int c = static_cast<int>(threadIdx.x) / tile;
-  int t = static_cast<int>(threadIdx.x) - c * tile;
-  const int step_c = kThreads / tile;
-  const int step_t = kThreads - step_c * tile;
-  for (int i = threadIdx.x; i < total; i += kThreads) {
-    Chunk<In, kVe> in;
-    load_chunk<In, kVe, kVec>(in, src + t * src_token_stride + c * kVe);
-    const int64_t row = slots.row(t, block_stride, 1);
-    if (row >= 0) {
-      Out* d = dst + row + static_cast<int64_t>(c) * kVe * block_size;
-#pragma unroll
-      for (int j = 0; j < kVe; ++j) d[j * block_size] = to_cache<Out>(in.v[j], inv_scale);
-    }
-    t += step_t;
-    c += step_c;
-    if (t >= tile) {
-      t -= tile;
-      ++c;
+/// The items of a (tile tokens x n pieces) grid that this thread takes: i = threadIdx.x,
+/// + kThreads, ..., as (token t, piece c) with i = t * n + c (piece fastest) or, for
+/// kTokenFastest, i = c * tile + t. Advances without dividing again.
+template <bool kTokenFastest>
+struct ItemWalk {
+  int t, c, step_t, step_c, tile, n;
+
+  __device__ __forceinline__ ItemWalk(int tile_, int n_) : tile(tile_), n(n_) {
+    const int i = threadIdx.x;
+    if constexpr (kTokenFastest) {
+      c = i / tile;
+      t = i - c * tile;
+      step_c = kThreads / tile;
+      step_t = kThreads - step_c * tile;
+    } else {
+      t = i / n;
+      c = i - t * n;
+      step_t = kThreads / n;
+      step_c = kThreads - step_t * n;
     }
   }
-}
+
+  __device__ __forceinline__ void next() {
+    t += step_t;
+    c += step_c;
+    if constexpr (kTokenFastest) {
+      if (t >= tile) {
+        t -= tile;
+        ++c;
+      }
+    } else if (c >= n) {
+      c -= n;
+      ++t;
+    }
+  }
+};
 
 /// Grid: (ceil(num_tokens / kTileTokens), num_kv_heads); kThreads threads.
 /// In/Out: raw unsigned integers of the element size for kAuto caches; the input's type and
@@ -221,8 +189,8 @@ __global__ void __launch_bounds__(kThreads)
   // Keys (and flash values) move in chunks of kCh elements: whole x-chunks in the paged layout
   // (head_size is a multiple of x there), single elements for misaligned flash caches.
   constexpr int kCh = (kVec || !kFlash) ? kX : 1;
-  // Paged values are read kVe elements at a time.
-  constexpr int kVe = kVec ? static_cast<int>(16 / sizeof(In)) : 1;
+  // Paged values are read kVe elements at a time and stored one by one, block_size apart.
+  constexpr int kVe = kFlash ? kCh : (kVec ? static_cast<int>(16 / sizeof(In)) : 1);
 
   const int64_t t0 = static_cast<int64_t>(blockIdx.x) * kTileTokens;
   const int64_t h = blockIdx.y;
@@ -239,22 +207,51 @@ __global__ void __launch_bounds__(kThreads)
       static_cast<const In*>(p.value) + t0 * p.value_token_stride + h * p.value_head_stride;
   Out* key_cache = static_cast<Out*>(p.key_cache) + h * p.key_cache_head_stride;
   Out* value_cache = static_cast<Out*>(p.value_cache) + h * p.value_cache_head_stride;
-  const int chunks = static_cast<int>(p.head_size / kCh);
-  if constexpr (kFlash) {
-    write_chunks<In, Out, kCh, kVec>(key, p.key_token_stride, key_cache, slots,
-                                     p.key_cache_block_stride, p.key_cache_slot_stride, tile,
-                                     chunks, kCh, inv_k);
-    write_chunks<In, Out, kCh, kVec>(value, p.value_token_stride, value_cache, slots,
-                                     p.value_cache_block_stride, p.value_cache_slot_stride, tile,
-                                     chunks, kCh, inv_v);
-  } else {
-    // Key chunk c of slot `offset` sits at (c * block_size + offset) * x within the head.
-    write_chunks<In, Out, kCh, kVec>(key, p.key_token_stride, key_cache, slots,
-                                     p.key_cache_block_stride, kX, tile, chunks,
-                                     p.block_size * kX, inv_k);
-    write_paged_values<In, Out, kVe, kVec>(value, p.value_token_stride, value_cache, slots,
-                                           p.value_cache_block_stride, tile,
-                                           static_cast<int>(p.head_size / kVe), inv_v);
+  // Within a head, key chunk c of slot offset o sits at o * key_slot_stride + c *
+  // key_chunk_stride: paged (c * block_size + o) * x, flash o * slot_stride + c * kCh.
+  const int64_t key_slot_stride = kFlash ? p.key_cache_slot_stride : kX;
+  const int64_t key_chunk_stride = kFlash ? kCh : p.block_size * kX;
+  const int64_t value_slot_stride = kFlash ? p.value_cache_slot_stride : 1;
+
+  // Keys go chunk-fastest; values chunk-fastest (flash) or token-fastest (paged). A thread
+  // takes one key and one value item per step and issues all four loads (inputs and slots)
+  // before its stores.
+  const int key_n = static_cast<int>(p.head_size / kCh);
+  const int value_n = static_cast<int>(p.head_size / kVe);
+  const int key_total = tile * key_n;
+  const int value_total = tile * value_n;
+  const int total = key_total > value_total ? key_total : value_total;
+  ItemWalk<false> kw(tile, key_n);
+  ItemWalk<!kFlash> vw(tile, value_n);
+  for (int i = threadIdx.x; i < total; i += kThreads) {
+    const bool has_key = i < key_total;
+    const bool has_value = i < value_total;
+    Chunk<In, kCh> k_in;
+    Chunk<In, kVe> v_in;
+    if (has_key) load_chunk<In, kCh, kVec>(k_in, key + kw.t * p.key_token_stride + kw.c * kCh);
+    if (has_value) {
+      load_chunk<In, kVe, kVec>(v_in, value + vw.t * p.value_token_stride + vw.c * kVe);
+    }
+    const int64_t k_row = has_key ? slots.row(kw.t, p.key_cache_block_stride, key_slot_stride)
+                                  : -1;
+    const int64_t v_row =
+        has_value ? slots.row(vw.t, p.value_cache_block_stride, value_slot_stride) : -1;
+    if (k_row >= 0) {
+      store_chunk<Out, kCh, kVec>(key_cache + k_row + kw.c * key_chunk_stride,
+                                  to_cache_chunk<Out>(k_in, inv_k));
+    }
+    if (v_row >= 0) {
+      if constexpr (kFlash) {
+        store_chunk<Out, kCh, kVec>(value_cache + v_row + vw.c * kCh,
+                                    to_cache_chunk<Out>(v_in, inv_v));
+      } else {
+        Out* d = value_cache + v_row + static_cast<int64_t>(vw.c) * kVe * p.block_size;
+#pragma unroll
+        for (int j = 0; j < kVe; ++j) d[j * p.block_size] = to_cache<Out>(v_in.v[j], inv_v);
+      }
+    }
+    kw.next();
+    vw.next();
   }
 }
 
