@@ -454,3 +454,33 @@ def test_torch_compile(device):
     assert_bits_equal(vf, ref_vf)
     assert_bits_equal(v0, ref_vf[0])
     torch.testing.assert_close(total, ref_kc.sum())
+
+
+def test_python_wrappers(device):
+    from aphrodite_ext import ops
+
+    key, value = fused_kv(9, 2, 64, torch.bfloat16, device)
+    slots = torch.tensor([5, -1, 17, 0, 30, 31, 2, 9, 40], device=device)
+    for flash, fn in ((False, ops.reshape_and_cache), (True, ops.reshape_and_cache_flash)):
+        make = flash_caches if flash else paged_caches
+        kc, vc = make(3, 2, 64, 16, torch.bfloat16, device)
+        ref_k, ref_v = reshape_and_cache_ref(key, value, kc, vc, slots, flash=flash)
+        fn(key, value, kc, vc, slots)
+        assert_bits_equal(kc, ref_k)
+        assert_bits_equal(vc, ref_v)
+    k8, v8 = paged_caches(3, 2, 64, 16, torch.uint8, device)
+    scale = torch.tensor([0.5], device=device)
+    ref_k, ref_v = reshape_and_cache_ref(key, value, k8, v8, slots, scale, scale)
+    ops.reshape_and_cache(key, value, k8, v8, slots, "fp8", scale, scale)
+    assert_bits_equal(k8, ref_k)
+    assert_bits_equal(v8, ref_v)
+    layers = [paged_caches(3, 2, 64, 16, torch.bfloat16, device) for _ in range(2)]
+    kcs, vcs = [k for k, _ in layers], [v for _, v in layers]
+    mapping = torch.tensor([[2, 0]], device=device)
+    ref_kcs, ref_vcs = copy_blocks_ref(kcs, vcs, mapping)
+    ops.copy_blocks(kcs, vcs, mapping)
+    for got, ref in zip(kcs + vcs, ref_kcs + ref_vcs, strict=True):
+        assert_bits_equal(got, ref)
+    ref = swap_blocks_ref(kcs[0], kcs[1], torch.tensor([[0, 1]]))
+    ops.swap_blocks(kcs[0], kcs[1], torch.tensor([[0, 1]]))
+    assert_bits_equal(kcs[1], ref)
