@@ -66,5 +66,30 @@ for dtype, cache_dtype in (
             pos[tokens // 2] = 17
             torch.ops._C.rotary_embedding(pos, q, k, head_size, cache, is_neox)
             torch.ops._C.rotary_embedding(pos.int(), q, None, head_size, cache, is_neox)
+# KV cache: both layouts, auto and fp8 caches, vector and element-wise (misaligned) paths,
+# padding slots; copy_blocks over two layers; swap_blocks both ways.
+for dtype in (torch.float32, torch.bfloat16):
+    for heads, head_size, tokens in ((3, 80, 37), (1, 64, 1)):
+        base = torch.randn(tokens, 2 * heads * head_size + 1, dtype=dtype, device=dev)
+        for off in (0, 1):
+            kv = base[:, off : off + 2 * heads * head_size].view(tokens, 2, heads, head_size)
+            k, v = kv[:, 0], kv[:, 1]
+            slots = torch.randperm(5 * 16, device=dev)[:tokens]
+            slots[::4] = -1
+            one = torch.ones(1, device=dev)
+            for cache_dtype, name in ((dtype, "auto"), (torch.uint8, "fp8")):
+                x = 16 // torch.empty((), dtype=cache_dtype).element_size()
+                kc = torch.empty(5, heads, head_size // x, 16, x, dtype=cache_dtype, device=dev)
+                vc = torch.empty(5, heads, head_size, 16, dtype=cache_dtype, device=dev)
+                torch.ops._C.reshape_and_cache(k, v, kc, vc, slots, name, one, one)
+                fc = torch.empty(5, 2, 16, heads, head_size, dtype=cache_dtype, device=dev)
+                torch.ops._C.reshape_and_cache_flash(
+                    k, v, fc[:, 0], fc[:, 1], slots, name, one, one
+                )
+layers = [torch.randn(7, 2, 80, 16, device=dev) for _ in range(4)]
+torch.ops._C.copy_blocks(layers[:2], layers[2:], torch.tensor([[0, 3], [6, 1]], device=dev))
+host = torch.empty(3, 2, 80, 16).pin_memory()
+torch.ops._C.swap_blocks(layers[0], host, torch.tensor([[6, 0], [2, 2]]))
+torch.ops._C.swap_blocks(host, layers[1], torch.tensor([[0, 5]]))
 torch.cuda.synchronize()
 print("sanitize_kernels: all kernels ran")

@@ -3,6 +3,7 @@ torch beside it. The wrappers allocate outputs where the raw ops take them, and 
 extension module that holds the op on first use."""
 
 from .activation import gelu_and_mul, gelu_tanh_and_mul, silu_and_mul
+from .cache import copy_blocks, reshape_and_cache, reshape_and_cache_flash, swap_blocks
 from .layernorm import fused_add_rms_norm, rms_norm
 from .moe_align import moe_align_block_size
 from .moe_sum import moe_sum
@@ -10,13 +11,17 @@ from .rotary import rotary_embedding
 from .topk_softmax import topk_softmax
 
 __all__ = [
+    "copy_blocks",
     "fused_add_rms_norm",
     "gelu_and_mul",
     "gelu_tanh_and_mul",
     "moe_align_block_size",
     "moe_sum",
+    "reshape_and_cache",
+    "reshape_and_cache_flash",
     "rms_norm",
     "silu_and_mul",
+    "swap_blocks",
     "topk_softmax",
     "rotary_embedding",
 ]

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "activation/activation.h"
+#include "cache/cache.h"
 #include "layernorm/layernorm.h"
 #include "moe/topk_softmax.h"
 #include "moe/moe_align.h"
@@ -25,6 +26,9 @@
   void moe_sum(const moe::MoeSumProblem& p, int64_t row_begin, int64_t row_end);                \
   void rotary_embedding(const rotary::RotaryProblem& p, int64_t token_begin,                   \
                         int64_t token_end);                                                     \
+  void reshape_and_cache(const cache::ReshapeAndCacheProblem& p, int64_t token_begin,         \
+                         int64_t token_end);                                              \
+  void copy_blocks(const cache::CopyBlocksProblem& p, int64_t item_begin, int64_t item_end); \
   }
 
 APHRODITE_DECLARE_CPU_KERNELS(scalar)

@@ -1,0 +1,352 @@
+// GPU kernels of the KV cache family (cache.h).
+//
+// reshape_and_cache: a block takes a tile of up to 32 tokens of one kv head and moves it
+//   - keys (and flash values) in 16-byte cache chunks, chunk index fastest: a warp reads whole
+//     input rows and writes whole sectors (paged keys of two neighbouring slots are adjacent);
+//   - paged values, whose elements sit block_size apart in the cache, with the token index
+//     fastest: each lane reads a 16-byte piece of one token's row and stores its elements one
+//     by one, so that a warp's stores of one element index land on consecutive slots.
+// A thread takes a key item and a value item per step and loads both inputs and their slots
+// before storing (no shared memory, no barrier: at decode sizes the kernel is one round of
+// loads and a store); power-of-two block sizes split slots with a shift.
+// Misaligned inputs take the same kernels with element-wise accesses. copy_blocks: one block
+// per (pair, layer, key|value), copying with the widest access the alignment allows.
+// Torch-free.
+#include "cache/cache.h"
+
+#include <cstdint>
+#include <type_traits>
+
+#include "common/gpu.h"
+#if !defined(USE_ROCM)
+#include "common/fp8.h"
+#endif
+
+namespace aphrodite::cache {
+namespace {
+
+#if defined(USE_ROCM)
+constexpr gpuError_t kErrorInvalidValue = hipErrorInvalidValue;
+#else
+constexpr gpuError_t kErrorInvalidValue = cudaErrorInvalidValue;
+#endif
+
+constexpr int kThreads = 256;
+/// Tokens per block of reshape_and_cache: one warp's width, so that a warp of the paged value
+/// loop covers 32 consecutive tokens.
+constexpr int kTileTokens = 32;
+constexpr int64_t kMaxGridY = 65535;
+
+/// N elements moved together; on the vector path with 16-byte accesses.
+template <typename T, int N>
+struct alignas(16) Chunk {
+  T v[N];
+};
+
+/// One 16-byte store. Spelled as an intrinsic on CUDA: a plain uint4 assignment of loaded data
+/// came out as four 4-byte stores.
+__device__ __forceinline__ void store16(void* dst, const uint4& v) {
+#if defined(USE_ROCM)
+  *reinterpret_cast<uint4*>(dst) = v;
+#else
+  __stwb(reinterpret_cast<uint4*>(dst), v);
+#endif
+}
+
+template <typename T, int N, bool kVec>
+__device__ __forceinline__ void load_chunk(Chunk<T, N>& r, const T* __restrict__ src) {
+  if constexpr (kVec) {
+    static_assert(sizeof(T) * N % 16 == 0, "vector chunks are whole 16-byte vectors");
+#pragma unroll
+    for (int i = 0; i < static_cast<int>(sizeof(T) * N / 16); ++i) {
+      reinterpret_cast<uint4*>(r.v)[i] = reinterpret_cast<const uint4*>(src)[i];
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) r.v[i] = src[i];
+  }
+}
+
+template <typename T, int N, bool kVec>
+__device__ __forceinline__ void store_chunk(T* __restrict__ dst, const Chunk<T, N>& r) {
+  if constexpr (kVec) {
+    static_assert(sizeof(T) * N % 16 == 0, "vector chunks are whole 16-byte vectors");
+#pragma unroll
+    for (int i = 0; i < static_cast<int>(sizeof(T) * N / 16); ++i) {
+      store16(reinterpret_cast<uint4*>(dst) + i, reinterpret_cast<const uint4*>(r.v)[i]);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) dst[i] = r.v[i];
+  }
+}
+
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+/// A cache element from an input element: the same bits for kAuto caches (In == Out, raw
+/// unsigned integers), fp8(x * inv_scale) for fp8 caches.
+template <typename Out, typename In>
+__device__ __forceinline__ Out to_cache(In x, float inv_scale) {
+  if constexpr (std::is_same_v<In, Out>) {
+    return x;
+  } else {
+#if defined(USE_ROCM)
+    static_assert(!std::is_same_v<Out, uint8_t>, "fp8 caches need kernels/common/fp8.h (CUDA)");
+    return Out{};
+#else
+    static_assert(std::is_same_v<Out, uint8_t>, "only fp8 caches convert");
+    return fp8::quantize(to_float(x), inv_scale);
+#endif
+  }
+}
+
+/// The cache rows of a tile's tokens: token t of the tile goes to element
+/// block * block_stride + offset * slot_stride of a cache (from its head's base), where
+/// slots[t] = block * block_size + offset.
+struct TileSlots {
+  const int64_t* slots;  ///< the tile's first slot
+  int64_t num_slots;
+  int64_t block_size;
+  int block_shift;       ///< log2(block_size) where it is a power of two, else -1
+
+  /// The row's element offset, or -1 for padding (negative) and out-of-range slots, which are
+  /// skipped rather than written out of bounds (the CPU backend rejects the latter; checking
+  /// here would cost a synchronisation).
+  __device__ __forceinline__ int64_t row(int t, int64_t block_stride, int64_t slot_stride) const {
+    const int64_t slot = slots[t];
+    if (slot < 0 || slot >= num_slots) return -1;
+    int64_t block, offset;
+    if (block_shift >= 0) {
+      block = slot >> block_shift;
+      offset = slot & (block_size - 1);
+    } else {
+      block = slot / block_size;
+      offset = slot - block * block_size;
+    }
+    return block * block_stride + offset * slot_stride;
+  }
+};
+
+/// The chunk as cache elements: the same bits for kAuto caches, fp8 for fp8 caches.
+template <typename Out, typename In, int N>
+__device__ __forceinline__ Chunk<Out, N> to_cache_chunk(const Chunk<In, N>& in, float inv_scale) {
+  if constexpr (std::is_same_v<In, Out>) {
+    return in;
+  } else {
+    Chunk<Out, N> out;
+#pragma unroll
+    for (int j = 0; j < N; ++j) out.v[j] = to_cache<Out>(in.v[j], inv_scale);
+    return out;
+  }
+}
+
+/// The items of a (tile tokens x n pieces) grid that this thread takes: i = threadIdx.x,
+/// + kThreads, ..., as (token t, piece c) with i = t * n + c (piece fastest) or, for
+/// kTokenFastest, i = c * tile + t. Advances without dividing again.
+template <bool kTokenFastest>
+struct ItemWalk {
+  int t, c, step_t, step_c, tile, n;
+
+  __device__ __forceinline__ ItemWalk(int tile_, int n_) : tile(tile_), n(n_) {
+    const int i = threadIdx.x;
+    if constexpr (kTokenFastest) {
+      c = i / tile;
+      t = i - c * tile;
+      step_c = kThreads / tile;
+      step_t = kThreads - step_c * tile;
+    } else {
+      t = i / n;
+      c = i - t * n;
+      step_t = kThreads / n;
+      step_c = kThreads - step_t * n;
+    }
+  }
+
+  __device__ __forceinline__ void next() {
+    t += step_t;
+    c += step_c;
+    if constexpr (kTokenFastest) {
+      if (t >= tile) {
+        t -= tile;
+        ++c;
+      }
+    } else if (c >= n) {
+      c -= n;
+      ++t;
+    }
+  }
+};
+
+/// Grid: (ceil(num_tokens / kTileTokens), num_kv_heads); kThreads threads.
+/// In/Out: raw unsigned integers of the element size for kAuto caches; the input's type and
+/// uint8_t for fp8 caches. kVec: 16-byte accesses (pointers, strides and head_size allow them).
+template <typename In, typename Out, bool kFlash, bool kVec>
+__global__ void __launch_bounds__(kThreads)
+    reshape_and_cache_kernel(const ReshapeAndCacheProblem p, const int block_shift) {
+  constexpr int kX = 16 / sizeof(Out);  // cache elements per 16-byte chunk
+  // Keys (and flash values) move in chunks of kCh elements: whole x-chunks in the paged layout
+  // (head_size is a multiple of x there), single elements for misaligned flash caches.
+  constexpr int kCh = (kVec || !kFlash) ? kX : 1;
+  // Paged values are read kVe elements at a time and stored one by one, block_size apart.
+  constexpr int kVe = kFlash ? kCh : (kVec ? static_cast<int>(16 / sizeof(In)) : 1);
+
+  const int64_t t0 = static_cast<int64_t>(blockIdx.x) * kTileTokens;
+  const int64_t h = blockIdx.y;
+  const int tile = static_cast<int>(p.num_tokens - t0 < kTileTokens ? p.num_tokens - t0
+                                                                    : kTileTokens);
+  const TileSlots slots{p.slot_mapping + t0, p.num_slots, p.block_size, block_shift};
+  float inv_k = 1.0f, inv_v = 1.0f;
+  if constexpr (!std::is_same_v<In, Out>) {
+    inv_k = 1.0f / *p.k_scale;
+    inv_v = 1.0f / *p.v_scale;
+  }
+  const In* key = static_cast<const In*>(p.key) + t0 * p.key_token_stride + h * p.key_head_stride;
+  const In* value =
+      static_cast<const In*>(p.value) + t0 * p.value_token_stride + h * p.value_head_stride;
+  Out* key_cache = static_cast<Out*>(p.key_cache) + h * p.key_cache_head_stride;
+  Out* value_cache = static_cast<Out*>(p.value_cache) + h * p.value_cache_head_stride;
+  // Within a head, key chunk c of slot offset o sits at o * key_slot_stride + c *
+  // key_chunk_stride: paged (c * block_size + o) * x, flash o * slot_stride + c * kCh.
+  const int64_t key_slot_stride = kFlash ? p.key_cache_slot_stride : kX;
+  const int64_t key_chunk_stride = kFlash ? kCh : p.block_size * kX;
+  const int64_t value_slot_stride = kFlash ? p.value_cache_slot_stride : 1;
+
+  // Keys go chunk-fastest; values chunk-fastest (flash) or token-fastest (paged). A thread
+  // takes one key and one value item per step and issues all four loads (inputs and slots)
+  // before its stores.
+  const int key_n = static_cast<int>(p.head_size / kCh);
+  const int value_n = static_cast<int>(p.head_size / kVe);
+  const int key_total = tile * key_n;
+  const int value_total = tile * value_n;
+  const int total = key_total > value_total ? key_total : value_total;
+  ItemWalk<false> kw(tile, key_n);
+  ItemWalk<!kFlash> vw(tile, value_n);
+  for (int i = threadIdx.x; i < total; i += kThreads) {
+    const bool has_key = i < key_total;
+    const bool has_value = i < value_total;
+    Chunk<In, kCh> k_in;
+    Chunk<In, kVe> v_in;
+    if (has_key) load_chunk<In, kCh, kVec>(k_in, key + kw.t * p.key_token_stride + kw.c * kCh);
+    if (has_value) {
+      load_chunk<In, kVe, kVec>(v_in, value + vw.t * p.value_token_stride + vw.c * kVe);
+    }
+    const int64_t k_row = has_key ? slots.row(kw.t, p.key_cache_block_stride, key_slot_stride)
+                                  : -1;
+    const int64_t v_row =
+        has_value ? slots.row(vw.t, p.value_cache_block_stride, value_slot_stride) : -1;
+    if (k_row >= 0) {
+      store_chunk<Out, kCh, kVec>(key_cache + k_row + kw.c * key_chunk_stride,
+                                  to_cache_chunk<Out>(k_in, inv_k));
+    }
+    if (v_row >= 0) {
+      if constexpr (kFlash) {
+        store_chunk<Out, kCh, kVec>(value_cache + v_row + vw.c * kCh,
+                                    to_cache_chunk<Out>(v_in, inv_v));
+      } else {
+        Out* d = value_cache + v_row + static_cast<int64_t>(vw.c) * kVe * p.block_size;
+#pragma unroll
+        for (int j = 0; j < kVe; ++j) d[j * p.block_size] = to_cache<Out>(v_in.v[j], inv_v);
+      }
+    }
+    kw.next();
+    vw.next();
+  }
+}
+
+bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+
+template <typename In, typename Out>
+gpuError_t launch_reshape_typed(const ReshapeAndCacheProblem& p, gpuStream_t stream) {
+  constexpr int64_t kX = 16 / sizeof(Out);
+  constexpr int64_t in_size = sizeof(In), out_size = sizeof(Out);
+  const bool flash = p.layout == CacheLayout::kFlash;
+  bool vec = aligned16(p.key) && aligned16(p.value) && aligned16(p.key_cache) &&
+             aligned16(p.value_cache) && p.head_size % kX == 0;
+  for (int64_t s : {p.key_token_stride, p.key_head_stride, p.value_token_stride,
+                    p.value_head_stride}) {
+    vec = vec && (s * in_size) % 16 == 0;
+  }
+  for (int64_t s : {p.key_cache_block_stride, p.key_cache_head_stride, p.value_cache_block_stride,
+                    p.value_cache_head_stride}) {
+    vec = vec && (s * out_size) % 16 == 0;
+  }
+  if (flash) {
+    vec = vec && (p.key_cache_slot_stride * out_size) % 16 == 0 &&
+          (p.value_cache_slot_stride * out_size) % 16 == 0;
+  }
+  int block_shift = -1;
+  for (int b = 0; b < 62; ++b) {
+    if (p.block_size == (int64_t{1} << b)) block_shift = b;
+  }
+  const dim3 grid(static_cast<unsigned>((p.num_tokens + kTileTokens - 1) / kTileTokens),
+                  static_cast<unsigned>(p.num_kv_heads));
+  if (flash && vec) {
+    reshape_and_cache_kernel<In, Out, true, true><<<grid, kThreads, 0, stream>>>(p, block_shift);
+  } else if (flash) {
+    reshape_and_cache_kernel<In, Out, true, false><<<grid, kThreads, 0, stream>>>(p, block_shift);
+  } else if (vec) {
+    reshape_and_cache_kernel<In, Out, false, true><<<grid, kThreads, 0, stream>>>(p, block_shift);
+  } else {
+    reshape_and_cache_kernel<In, Out, false, false><<<grid, kThreads, 0, stream>>>(p, block_shift);
+  }
+  return gpuGetLastError();
+}
+
+template <typename V>
+__global__ void __launch_bounds__(kThreads) copy_blocks_kernel(const CopyBlocksProblem p) {
+  const int64_t pair = blockIdx.x;
+  const bool is_value = blockIdx.z != 0;
+  const int64_t src = p.block_mapping[2 * pair];
+  const int64_t dst = p.block_mapping[2 * pair + 1];
+  char* base = static_cast<char*>(is_value ? p.value_caches[blockIdx.y] : p.key_caches[blockIdx.y]);
+  const int64_t stride = is_value ? p.value_block_stride_bytes : p.key_block_stride_bytes;
+  const int64_t n = (is_value ? p.value_block_bytes : p.key_block_bytes) /
+                    static_cast<int64_t>(sizeof(V));
+  const V* __restrict__ from = reinterpret_cast<const V*>(base + src * stride);
+  V* __restrict__ to = reinterpret_cast<V*>(base + dst * stride);
+  for (int64_t i = threadIdx.x; i < n; i += kThreads) to[i] = from[i];
+}
+
+template <typename V>
+gpuError_t launch_copy_typed(const CopyBlocksProblem& p, gpuStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(p.num_pairs), static_cast<unsigned>(p.num_layers), 2);
+  copy_blocks_kernel<V><<<grid, kThreads, 0, stream>>>(p);
+  return gpuGetLastError();
+}
+
+}  // namespace
+
+gpuError_t launch_reshape_and_cache(const ReshapeAndCacheProblem& p, gpuStream_t stream) {
+  if (p.num_tokens == 0 || p.num_kv_heads == 0 || p.head_size == 0) return gpuSuccess;
+  if (p.num_kv_heads > kMaxGridY || p.head_size > (int64_t{1} << 20)) return kErrorInvalidValue;
+  if (p.cache_dtype == KvCacheDtype::kAuto) {
+    if (p.dtype == ScalarType::kFloat32) return launch_reshape_typed<uint32_t, uint32_t>(p, stream);
+    return launch_reshape_typed<uint16_t, uint16_t>(p, stream);
+  }
+#if defined(USE_ROCM)
+  return kErrorInvalidValue;
+#else
+  switch (p.dtype) {
+    case ScalarType::kFloat32: return launch_reshape_typed<float, uint8_t>(p, stream);
+    case ScalarType::kFloat16: return launch_reshape_typed<__half, uint8_t>(p, stream);
+    case ScalarType::kBFloat16: return launch_reshape_typed<__nv_bfloat16, uint8_t>(p, stream);
+  }
+  return kErrorInvalidValue;
+#endif
+}
+
+gpuError_t launch_copy_blocks(const CopyBlocksProblem& p, gpuStream_t stream) {
+  if (p.num_pairs == 0 || p.num_layers == 0) return gpuSuccess;
+  if (p.num_layers > kMaxGridY || p.num_pairs > INT32_MAX) return kErrorInvalidValue;
+  switch (p.alignment) {
+    case 16: return launch_copy_typed<uint4>(p, stream);
+    case 8: return launch_copy_typed<uint2>(p, stream);
+    case 4: return launch_copy_typed<uint32_t>(p, stream);
+    case 2: return launch_copy_typed<uint16_t>(p, stream);
+    default: return launch_copy_typed<uint8_t>(p, stream);
+  }
+}
+
+}  // namespace aphrodite::cache

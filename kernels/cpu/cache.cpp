@@ -1,0 +1,167 @@
+// CPU kernels of the KV cache family (kernels/cache/cache.h): reshape_and_cache in both layouts
+// and copy_blocks. kAuto caches hold the input's own bits, so those paths are copies; fp8
+// caches convert in fp32 vectors and round each lane in software (the same E4M3 rounding as
+// kernels/common/fp8.h, which is CUDA-only). Compiled once per ISA (see vec.h).
+#include <cstring>
+
+#include "cpu/cpu_kernels.h"
+#include "cpu/vec.h"
+
+namespace aphrodite::cpu::APHRODITE_CPU_ISA {
+namespace {
+
+using vec::vf;
+
+/// x rounded to E4M3 (OCP e4m3fn): nearest even, saturated to +-448, NaN kept (0x7f).
+inline uint8_t f32_to_e4m3(float x) {
+  const uint32_t bits = __builtin_bit_cast(uint32_t, x);
+  const auto sign = static_cast<uint8_t>((bits >> 24) & 0x80u);
+  const uint32_t mag = bits & 0x7fffffffu;
+  if (mag > 0x7f800000u) return sign | 0x7fu;  // NaN
+  if (mag >= 0x43e00000u) return sign | 0x7eu;  // |x| >= 448 (inf included): saturate
+  if (mag < 0x3c800000u) {
+    // Below 2^-6, E4M3 is subnormal: multiples of 2^-9. Scaling by 2^9 is exact and the
+    // conversion rounds to nearest even (a result of 8 is the smallest normal, 0x08).
+    const float q = __builtin_bit_cast(float, mag) * 512.0f;
+    return sign | static_cast<uint8_t>(__builtin_nearbyintf(q));
+  }
+  // Normal: keep 3 mantissa bits, rounding the 20 dropped ones to nearest even; a carry moves
+  // into the exponent. Rebias the exponent from 127 to 7.
+  const uint32_t rounded = mag + 0x7ffffu + ((mag >> 20) & 1u);
+  const uint32_t e4m3 = (rounded >> 20) - ((127u - 7u) << 3);
+  return sign | static_cast<uint8_t>(e4m3 > 0x7eu ? 0x7eu : e4m3);
+}
+
+/// dst[j * dst_stride] = e4m3(src[j] * inv_scale) for j < n.
+template <ScalarType T>
+void quantize_row(uint8_t* dst, int64_t dst_stride, const vec::storage_t<T>* src, int64_t n,
+                  float inv_scale) {
+  constexpr int L = vec::kLanes;
+  const vf s = vec::bcast(inv_scale);
+  for (int64_t i = 0; i < n; i += L) {
+    const int64_t m = n - i < L ? n - i : L;
+    const vf v = (m == L ? vec::load<T>(src + i) : vec::load_partial<T>(src + i, m)) * s;
+    for (int64_t j = 0; j < m; ++j) dst[(i + j) * dst_stride] = f32_to_e4m3(v[j]);
+  }
+}
+
+/// Element-wise copy with a destination stride (paged values); E is the element's size.
+template <typename E>
+void strided_copy(void* dst, int64_t dst_stride, const void* src, int64_t n) {
+  E* d = static_cast<E*>(dst);
+  const E* s = static_cast<const E*>(src);
+  for (int64_t i = 0; i < n; ++i) d[i * dst_stride] = s[i];
+}
+
+/// Writes one (token, head) row of `n` elements: `x` contiguous rows of a paged key (chunks of
+/// x elements, chunk_stride apart), a flash row (x = n), or a paged value (x = 1,
+/// chunk_stride = block_size). `out` points at element 0 of the row's place in the cache.
+template <ScalarType T>
+void write_row(const cache::ReshapeAndCacheProblem& p, void* out, const void* in, int64_t x,
+               int64_t chunk_stride, float inv_scale) {
+  using S = vec::storage_t<T>;
+  const int64_t n = p.head_size;
+  const S* src = static_cast<const S*>(in);
+  if (p.cache_dtype == cache::KvCacheDtype::kAuto) {
+    S* dst = static_cast<S*>(out);
+    if (x == 1) {
+      strided_copy<S>(dst, chunk_stride, src, n);
+    } else {
+      for (int64_t c = 0; c * x < n; ++c) {
+        std::memcpy(dst + c * chunk_stride, src + c * x, sizeof(S) * x);
+      }
+    }
+    return;
+  }
+  uint8_t* dst = static_cast<uint8_t*>(out);
+  if (x == 1) {
+    quantize_row<T>(dst, chunk_stride, src, n, inv_scale);
+  } else {
+    for (int64_t c = 0; c * x < n; ++c) {
+      quantize_row<T>(dst + c * chunk_stride, 1, src + c * x, x, inv_scale);
+    }
+  }
+}
+
+template <ScalarType T>
+void reshape_and_cache_rows(const cache::ReshapeAndCacheProblem& p, int64_t token_begin,
+                            int64_t token_end) {
+  const int64_t elem = p.cache_dtype == cache::KvCacheDtype::kAuto
+                           ? static_cast<int64_t>(sizeof(vec::storage_t<T>))
+                           : 1;
+  const int64_t in_elem = sizeof(vec::storage_t<T>);
+  const bool flash = p.layout == cache::CacheLayout::kFlash;
+  const int64_t x = cache::paged_key_chunk(p.cache_dtype, p.dtype);
+  float inv_k = 1.0f, inv_v = 1.0f;
+  if (p.cache_dtype != cache::KvCacheDtype::kAuto) {
+    inv_k = 1.0f / *p.k_scale;
+    inv_v = 1.0f / *p.v_scale;
+  }
+  const auto* key = static_cast<const char*>(p.key);
+  const auto* value = static_cast<const char*>(p.value);
+  auto* key_cache = static_cast<char*>(p.key_cache);
+  auto* value_cache = static_cast<char*>(p.value_cache);
+  for (int64_t t = token_begin; t < token_end; ++t) {
+    const int64_t slot = p.slot_mapping[t];
+    if (slot < 0 || slot >= p.num_slots) continue;  // padding (the binding rejects the rest)
+    const int64_t block = slot / p.block_size;
+    const int64_t offset = slot - block * p.block_size;
+    for (int64_t h = 0; h < p.num_kv_heads; ++h) {
+      const char* k = key + (t * p.key_token_stride + h * p.key_head_stride) * in_elem;
+      const char* v = value + (t * p.value_token_stride + h * p.value_head_stride) * in_elem;
+      if (flash) {
+        char* kd = key_cache + (block * p.key_cache_block_stride +
+                                offset * p.key_cache_slot_stride + h * p.key_cache_head_stride) *
+                                   elem;
+        char* vd = value_cache + (block * p.value_cache_block_stride +
+                                  offset * p.value_cache_slot_stride +
+                                  h * p.value_cache_head_stride) *
+                                     elem;
+        write_row<T>(p, kd, k, p.head_size, 0, inv_k);
+        write_row<T>(p, vd, v, p.head_size, 0, inv_v);
+      } else {
+        char* kd = key_cache +
+                   (block * p.key_cache_block_stride + h * p.key_cache_head_stride + offset * x) *
+                       elem;
+        char* vd = value_cache +
+                   (block * p.value_cache_block_stride + h * p.value_cache_head_stride + offset) *
+                       elem;
+        write_row<T>(p, kd, k, x, p.block_size * x, inv_k);
+        write_row<T>(p, vd, v, 1, p.block_size, inv_v);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void reshape_and_cache(const cache::ReshapeAndCacheProblem& p, int64_t token_begin,
+                       int64_t token_end) {
+  switch (p.dtype) {
+    case ScalarType::kFloat32:
+      reshape_and_cache_rows<ScalarType::kFloat32>(p, token_begin, token_end);
+      break;
+    case ScalarType::kFloat16:
+      reshape_and_cache_rows<ScalarType::kFloat16>(p, token_begin, token_end);
+      break;
+    case ScalarType::kBFloat16:
+      reshape_and_cache_rows<ScalarType::kBFloat16>(p, token_begin, token_end);
+      break;
+  }
+}
+
+void copy_blocks(const cache::CopyBlocksProblem& p, int64_t item_begin, int64_t item_end) {
+  // Item i: pair i % num_pairs of layer (i / num_pairs) / 2, keys then values.
+  for (int64_t i = item_begin; i < item_end; ++i) {
+    const int64_t pair = i % p.num_pairs;
+    const int64_t layer = i / p.num_pairs / 2;
+    const bool is_value = (i / p.num_pairs) % 2 == 1;
+    char* base = static_cast<char*>(is_value ? p.value_caches[layer] : p.key_caches[layer]);
+    const int64_t stride = is_value ? p.value_block_stride_bytes : p.key_block_stride_bytes;
+    const int64_t bytes = is_value ? p.value_block_bytes : p.key_block_bytes;
+    const int64_t src = p.block_mapping[2 * pair], dst = p.block_mapping[2 * pair + 1];
+    std::memcpy(base + dst * stride, base + src * stride, bytes);
+  }
+}
+
+}  // namespace aphrodite::cpu::APHRODITE_CPU_ISA
