@@ -51,12 +51,18 @@ def quantize_ref(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
 
 
+def _div_fp8_max(amax: torch.Tensor) -> torch.Tensor:
+    # Divides by a tensor on amax's device: CUDA torch turns a division by a Python number into
+    # a multiplication by its reciprocal, which can differ from the kernels' division by an ulp.
+    return amax / amax.new_tensor(FP8_MAX)
+
+
 def static_scaled_fp8_quant_ref(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return quantize_ref(x, scale.float().reshape(()))
 
 
 def dynamic_scaled_fp8_quant_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    scale = (x.float().abs().amax() / FP8_MAX).reshape(1)
+    scale = _div_fp8_max(x.float().abs().amax()).reshape(1)
     return quantize_ref(x, torch.where(scale > 0, scale, 1.0)), scale
 
 
@@ -66,5 +72,5 @@ def dynamic_per_token_scaled_fp8_quant_ref(
     amax = x.float().abs().amax(-1, keepdim=True)
     if scale_ub is not None:
         amax = torch.minimum(amax, scale_ub.float().reshape(()))
-    scale = (amax / FP8_MAX).clamp(min=MIN_PER_TOKEN_SCALE)
+    scale = _div_fp8_max(amax).clamp(min=MIN_PER_TOKEN_SCALE)
     return quantize_ref(x, scale), scale.reshape(-1, 1)

@@ -14,7 +14,7 @@ from . import Case
 
 
 def _serves(device):
-    """Whether this install runs fp8_quant on `device` (the family has no CPU kernels yet)."""
+    """Whether this install runs fp8_quant on `device`: the family is built, for its backend."""
     info = aphrodite_ext.build_info()
     family = info.get("families", {}).get("fp8_quant", {})
     return bool(family.get("built")) and (info.get("backend") == "cpu") == (device == "cpu")

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "activation/activation.h"
+#include "fp8_quant/fp8_quant.h"
 #include "layernorm/layernorm.h"
 #include "moe/topk_softmax.h"
 
@@ -18,6 +19,11 @@
   void fused_add_rms_norm(const layernorm::FusedAddRmsNormProblem& p, int64_t row_begin,       \
                           int64_t row_end);                                                     \
   void topk_softmax(const moe::TopkSoftmaxProblem& p, int64_t row_begin, int64_t row_end);     \
+  float fp8_absmax(const fp8_quant::QuantProblem& p, int64_t row_begin, int64_t row_end);      \
+  void fp8_quantize(const fp8_quant::QuantProblem& p, float divisor, int64_t row_begin,        \
+                    int64_t row_end);                                                           \
+  void fp8_per_token_quant(const fp8_quant::QuantProblem& p, int64_t row_begin,                \
+                           int64_t row_end);                                                    \
   }
 
 APHRODITE_DECLARE_CPU_KERNELS(scalar)

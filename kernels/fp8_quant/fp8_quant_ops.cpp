@@ -1,12 +1,19 @@
 // Torch binding of the fp8_quant family: schemas (vLLM's), input checks and the backend kernels.
 #include "fp8_quant/fp8_quant.h"
 
+#include <algorithm>
+#include <cmath>
 #include <optional>
 
 #include <ATen/ops/empty.h>
 #include <c10/util/accumulate.h>
 
 #include "common/torch_binding.h"
+#if defined(APHRODITE_BACKEND_CPU) && APHRODITE_FAMILY_BUILT
+#include <ATen/Parallel.h>
+
+#include "cpu/cpu_isa.h"
+#endif
 
 namespace aphrodite {
 namespace {
@@ -40,6 +47,20 @@ void check_scale(const char* op, const char* arg, const at::Tensor& scale, const
               " element(s)), got shape ", scale.sizes(), " strides ", scale.strides());
 }
 
+#if defined(APHRODITE_BACKEND_CPU) && APHRODITE_FAMILY_BUILT
+int64_t cpu_grain(const char* op, int64_t hidden) {
+  TORCH_CHECK(cpu::active_isa().error.empty(), op, ": ", cpu::active_isa().error);
+  return std::max<int64_t>(1, 16384 / std::max<int64_t>(hidden, 1));
+}
+
+/// Quantizes every row of p with `divisor`, rows spread over torch's thread pool.
+void cpu_quantize(const char* op, const fp8_quant::QuantProblem& p, float divisor) {
+  at::parallel_for(0, p.num_tokens, cpu_grain(op, p.hidden), [&](int64_t begin, int64_t end) {
+    APHRODITE_CPU_CALL(fp8_quantize, p, divisor, begin, end);
+  });
+}
+#endif
+
 void static_scaled_fp8_quant(at::Tensor& result, const at::Tensor& input,
                              const at::Tensor& scale) {
   const char* op = "static_scaled_fp8_quant";
@@ -47,9 +68,13 @@ void static_scaled_fp8_quant(at::Tensor& result, const at::Tensor& input,
   check_scale(op, "scale", scale, input, 1, "[1]");
   p.scale = static_cast<float*>(scale.data_ptr());
   if (p.num_tokens == 0 || p.hidden == 0) return;
-#if APHRODITE_FAMILY_BUILT && defined(APHRODITE_BACKEND_GPU)
+#if APHRODITE_FAMILY_BUILT
+#if defined(APHRODITE_BACKEND_CPU)
+  cpu_quantize(op, p, *p.scale);
+#else
   const c10::cuda::OptionalCUDAGuard guard(input.device());
   check_launch(op, fp8_quant::launch_static_scaled_fp8_quant(p, current_stream(input)));
+#endif
 #endif
 }
 
@@ -58,7 +83,20 @@ void dynamic_scaled_fp8_quant(at::Tensor& result, const at::Tensor& input, at::T
   fp8_quant::QuantProblem p = check_quant_inputs(op, result, input);
   check_scale(op, "scale", scale, input, 1, "[1]");
   p.scale = static_cast<float*>(scale.data_ptr());
-#if APHRODITE_FAMILY_BUILT && defined(APHRODITE_BACKEND_GPU)
+#if APHRODITE_FAMILY_BUILT
+#if defined(APHRODITE_BACKEND_CPU)
+  // Max is exact and order-free, so the threads' split does not change the result.
+  const float amax = at::parallel_reduce(
+      0, p.num_tokens, cpu_grain(op, p.hidden), 0.0f,
+      [&](int64_t begin, int64_t end, float m) {
+        return std::fmax(m, APHRODITE_CPU_CALL(fp8_absmax, p, begin, end));
+      },
+      [](float a, float b) { return std::fmax(a, b); });
+  // As the GPU kernels: an all-zero input gets scale 0 and is divided by 1.
+  const float tensor_scale = amax / fp8_quant::kFp8Max;
+  *p.scale = tensor_scale;
+  cpu_quantize(op, p, tensor_scale > 0.0f ? tensor_scale : 1.0f);
+#else
   const c10::cuda::OptionalCUDAGuard guard(input.device());
   // Scratch for the per-block maxima of the two-kernel path, from torch's caching allocator
   // (stream-ordered, so it may be reused as soon as the quantization kernel is queued).
@@ -69,6 +107,7 @@ void dynamic_scaled_fp8_quant(at::Tensor& result, const at::Tensor& input, at::T
     p.workspace = workspace.data_ptr<float>();
   }
   check_launch(op, fp8_quant::launch_dynamic_scaled_fp8_quant(p, current_stream(input)));
+#endif
 #endif
 }
 
@@ -84,9 +123,15 @@ void dynamic_per_token_scaled_fp8_quant(at::Tensor& result, const at::Tensor& in
     p.scale_ub = static_cast<const float*>(scale_ub->data_ptr());
   }
   if (p.num_tokens == 0) return;
-#if APHRODITE_FAMILY_BUILT && defined(APHRODITE_BACKEND_GPU)
+#if APHRODITE_FAMILY_BUILT
+#if defined(APHRODITE_BACKEND_CPU)
+  at::parallel_for(0, p.num_tokens, cpu_grain(op, p.hidden), [&](int64_t begin, int64_t end) {
+    APHRODITE_CPU_CALL(fp8_per_token_quant, p, begin, end);
+  });
+#else
   const c10::cuda::OptionalCUDAGuard guard(input.device());
   check_launch(op, fp8_quant::launch_dynamic_per_token_scaled_fp8_quant(p, current_stream(input)));
+#endif
 #endif
 }
 

@@ -192,13 +192,14 @@ def test_three_dim_input(device, op):
 def test_static_saturates(device, dtype):
     x = make_input((9, 777), dtype, device)
     x[0, :4] = torch.tensor([1e4, -1e4, 460.0, -470.0], dtype=dtype)
-    scale = torch.tensor([float(x.float().abs().max()) / 448 / 8], device=device)
+    # Elements above the mean magnitude (about 40 % of them) are beyond 448 * scale.
+    scale = torch.tensor([float(x.float().abs().mean()) / 448], device=device)
     out = poisoned_result(x.shape, device)
     torch.ops._C.static_scaled_fp8_quant(out, x, scale)
     ref = static_scaled_fp8_quant_ref(x, scale)
     assert_fp8_equal(out, ref, dtype)
     beyond = (x.float() / scale).abs() >= 448
-    assert beyond.sum() > 4
+    assert beyond.sum() > x.numel() // 10
     assert torch.equal(out.float()[beyond].abs(), torch.full_like(out.float()[beyond], 448.0))
 
 
@@ -263,8 +264,9 @@ def test_per_token_scale_ub(device, dtype, tokens, hidden):
     assert_fp8_equal(out, ref_out, dtype)
     capped = row_max > ub
     assert capped.any()
+    capped_scale = ub / ub.new_tensor(448.0)  # a tensor divisor: a true division on CUDA too
     torch.testing.assert_close(
-        scale[capped], (ub / 448).expand(int(capped.sum())).reshape(-1, 1), rtol=0, atol=0
+        scale[capped], capped_scale.expand(int(capped.sum())).reshape(-1, 1), rtol=0, atol=0
     )
     # The capped rows saturate: their largest elements become +-448.
     assert bool((out.float()[capped].abs().amax(-1) == 448).all())
@@ -341,9 +343,12 @@ def test_mutates_only_declared_arguments(device):
     x = make_input((5, 300), torch.bfloat16, device)
     x_before = x.clone()
     scale = torch.tensor([0.05], device=device)
+    scale_before = scale.clone()
     out = poisoned_result(x.shape, device)
     torch.ops._C.static_scaled_fp8_quant(out, x, scale)
-    assert torch.equal(x, x_before) and float(scale) == 0.05
+    assert torch.equal(x, x_before) and torch.equal(scale, scale_before)
+    torch.ops._C.dynamic_scaled_fp8_quant(out, x, poisoned_scale((1,), device))
+    assert torch.equal(x, x_before)
     ub = torch.tensor([1.5], device=device)
     torch.ops._C.dynamic_per_token_scaled_fp8_quant(out, x, poisoned_scale((5, 1), device), ub)
     assert torch.equal(x, x_before) and float(ub) == 1.5
