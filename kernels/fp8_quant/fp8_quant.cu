@@ -1,6 +1,7 @@
 // GPU kernels of FP8 E4M3 quantization (fp8_quant.h). Every element is stored as
-// fp8::from_float(x / scale): a correctly rounded fp32 division (not a multiplication by 1 / scale),
-// so that the bytes equal those of the plain-torch reference `(x.float() / scale).to(e4m3)`.
+// fp8::from_float(x / scale): a correctly rounded fp32 division (not a multiplication by
+// 1 / scale), so that the bytes equal those of the plain-torch reference
+// `(x.float() / scale).clamp(-448, 448).to(e4m3)`.
 //
 // - Static and dynamic per-tensor quantization are elementwise over tiles of kUnroll vectors per
 //   thread (16-byte loads, 4- or 8-byte fp8 stores) on a grid sized to the GPU; rows that are
@@ -29,8 +30,6 @@ constexpr gpuError_t kErrorInvalidValue = cudaErrorInvalidValue;
 constexpr int kThreads = 256;
 /// Vectors per thread and tile that the elementwise kernels load before using any of them.
 constexpr int kUnroll = 4;
-/// Resident blocks per SM the elementwise grids are sized for (2048 threads).
-constexpr int kBlocksPerSm = 8;
 /// Block of the single-kernel dynamic per-tensor path, taken for inputs of at most
 /// kSmallTiles tiles of kSmallThreads * kUnroll vectors: one launch instead of two, and its
 /// second read of the input hits L1.
@@ -59,6 +58,17 @@ struct alignas(sizeof(T) * N) Vec {
 __device__ __forceinline__ float to_float(float v) { return v; }
 __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
 __device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+/// Hides v's value from the optimiser, so that the fp32 copies made for the max are not kept
+/// alive until the quantization (the packed elements take half the registers or fewer).
+template <typename V>
+__device__ __forceinline__ void launder(V& v) {
+  if constexpr (sizeof(V) % 4 == 0) {
+    uint32_t* words = reinterpret_cast<uint32_t*>(&v);
+#pragma unroll
+    for (size_t i = 0; i < sizeof(V) / 4; ++i) asm volatile("" : "+r"(words[i]));
+  }
+}
 
 template <typename T, int N>
 __device__ __forceinline__ float absmax(const Vec<T, N>& v) {
@@ -320,7 +330,10 @@ __global__ void __launch_bounds__(kMaxRowThreads) per_token_cached_kernel(const 
 #pragma unroll
       for (int i = 0; i < kCache; ++i) {
         const int c = first + i * tx;
-        if (c < a.vecs_per_row) store_quantized(o + static_cast<int64_t>(c) * kVec, v[i], scale);
+        if (c < a.vecs_per_row) {
+          launder(v[i]);
+          store_quantized(o + static_cast<int64_t>(c) * kVec, v[i], scale);
+        }
       }
       if (has_tail) o[tail_at] = quantize(tail_x, scale);
     }
@@ -403,6 +416,21 @@ int64_t sm_count() {
   return sms;
 }
 
+/// Blocks of `kernel` with `threads` threads that an SM holds at once, looked up once per call
+/// site (`cache`), so that the elementwise grids are one wave of resident blocks.
+template <typename Kernel>
+int64_t resident_blocks(std::atomic<int>& cache, Kernel kernel, int threads) {
+  int blocks = cache.load(std::memory_order_relaxed);
+  if (blocks > 0) return blocks;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, 0) != cudaSuccess ||
+      blocks <= 0) {
+    (void)cudaGetLastError();  // not this launch's error: assume a quarter of an SM per block
+    return 2048 / threads / 4 > 0 ? 2048 / threads / 4 : 1;
+  }
+  cache.store(blocks, std::memory_order_relaxed);
+  return blocks;
+}
+
 /// The rows of p as tiles of kBlock * kUnroll vectors of kVec elements. Rows that follow each
 /// other without a gap (in input and output) become one row. False where the tile count
 /// overflows.
@@ -451,7 +479,9 @@ template <typename T, int kVec>
 gpuError_t launch_static_vec(const QuantProblem& p, gpuStream_t stream) {
   Tiles<T> a;
   if (!make_tiles<T, kVec, kThreads>(p, a)) return kErrorInvalidValue;
-  const int64_t grid = grid_for(a.num_tiles, sm_count() * kBlocksPerSm);
+  static std::atomic<int> per_sm{0};
+  const int64_t resident = resident_blocks(per_sm, static_quant_kernel<T, kVec>, kThreads);
+  const int64_t grid = grid_for(a.num_tiles, sm_count() * resident);
   if (grid == 0) return gpuSuccess;
   static_quant_kernel<T, kVec><<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(a);
   return gpuGetLastError();
@@ -485,13 +515,17 @@ gpuError_t launch_dynamic_vec(const QuantProblem& p, gpuStream_t stream) {
   if (!make_tiles<T, kVec, kThreads>(p, a)) return kErrorInvalidValue;
   if (p.workspace == nullptr) return kErrorInvalidValue;
   const int64_t sms = sm_count();
-  int64_t partials = grid_for(a.num_tiles, sms * kBlocksPerSm);
+  static std::atomic<int> absmax_per_sm{0};
+  static std::atomic<int> quant_per_sm{0};
+  int64_t partials = grid_for(
+      a.num_tiles, sms * resident_blocks(absmax_per_sm, absmax_partials_kernel<T, kVec>, kThreads));
   if (partials > kMaxPartials) partials = kMaxPartials;
   a.num_partials = static_cast<int>(partials);
   absmax_partials_kernel<T, kVec><<<static_cast<unsigned>(partials), kThreads, 0, stream>>>(a);
   const gpuError_t err = gpuGetLastError();
   if (err != gpuSuccess) return err;
-  const int64_t grid = grid_for(a.num_tiles, sms * kBlocksPerSm);
+  const int64_t grid = grid_for(
+      a.num_tiles, sms * resident_blocks(quant_per_sm, dynamic_quant_kernel<T, kVec>, kThreads));
   dynamic_quant_kernel<T, kVec><<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(a);
   return gpuGetLastError();
 }
