@@ -4,10 +4,12 @@
 // `(x.float() / scale).clamp(-448, 448).to(e4m3)`.
 //
 // - Static and dynamic per-tensor quantization are elementwise over tiles of kUnroll vectors per
-//   thread (16-byte loads, 4- or 8-byte fp8 stores) on a grid sized to the GPU; rows that are
-//   contiguous with each other are treated as one long row. Dynamic per-tensor runs two kernels
-//   (per-block maxima into a workspace, then a quantization pass whose blocks each reduce those
-//   maxima to the scale), or one single-block kernel for small inputs.
+//   thread (16-byte loads, 4- or 8-byte fp8 stores) on a grid of one wave of resident blocks;
+//   rows that are contiguous with each other are treated as one long row. Dynamic per-tensor
+//   runs two kernels (per-block maxima into a workspace, then a quantization pass whose blocks
+//   each reduce those maxima to the scale), or one single-block kernel for small inputs. The
+//   workspace rather than an atomicMax on the scale's bits: nothing needs zeroing first (no
+//   memset launch, no reliance on the caller's scale), and the result does not depend on order.
 // - Per token: rows of up to 4096 vectors stay in registers between the max reduction and the
 //   quantization (one read of the input); wider rows are read twice.
 // A row whose pointer or stride does not allow 16-byte vectors takes the one-element path.
