@@ -215,6 +215,44 @@ def test_static_special_scales(device, dtype):
         assert_fp8_equal(out, static_scaled_fp8_quant_ref(x, scale), dtype)
 
 
+def rounding_edge_values():
+    """Every finite E4M3 value, the midpoints between neighbours (ties, which round to even) and
+    the floats one ulp either side of them, values near 448, 464 and 480 (saturation), the
+    subnormal range, infinities; both signs."""
+    codes = torch.arange(0, 0x7F, dtype=torch.uint8).view(FP8_DTYPE).float()  # 0 .. 448
+    mids = (codes[:-1] + codes[1:]) / 2
+    up = torch.nextafter(mids, torch.full_like(mids, float("inf")))
+    down = torch.nextafter(mids, torch.zeros_like(mids))
+    special = torch.tensor(
+        [447.0, 448.0, 449.0, 463.9, 464.0, 464.1, 479.0, 480.0, 481.0, 1e4, 3e38, float("inf")]
+        + [2.0**-6, 2.0**-7, 2.0**-9, 2.0**-10, 1.5 * 2.0**-10, 2.0**-11, 1e-30, 1e-45]
+    )
+    values = torch.cat([codes, mids, up, down, special])
+    return torch.cat([values, -values])
+
+
+@pytest.mark.parametrize("op", ["static", "per_token"])
+def test_rounding_edges(device, op):
+    v = rounding_edge_values().to(device)
+    n = v.numel() // 4 * 4
+    x = v[:n].reshape(4, -1)
+    out = poisoned_result(x.shape, device)
+    if op == "static":
+        # Scale 1: the division is exact, so this checks the conversion alone.
+        scale = torch.ones(1, device=device)
+        torch.ops._C.static_scaled_fp8_quant(out, x, scale)
+        ref = static_scaled_fp8_quant_ref(x, scale)
+    else:
+        # Per token with a row max of 448 * 2^k: scales are powers of two, divisions exact.
+        x = x.clamp(-448, 448) * torch.tensor([[1.0], [0.5], [2.0**-4], [2.0**6]], device=device)
+        x[:, 0] = 448.0 * torch.tensor([1.0, 0.5, 2.0**-4, 2.0**6], device=device)
+        scale = poisoned_scale((4, 1), device)
+        torch.ops._C.dynamic_per_token_scaled_fp8_quant(out, x, scale, None)
+        ref, ref_scale = dynamic_per_token_scaled_fp8_quant_ref(x)
+        assert_scale_close(scale, ref_scale, torch.float32)
+    assert_fp8_equal(out, ref, torch.float32)
+
+
 @pytest.mark.parametrize("tokens, hidden", [(1, 768), (4096, 5120), (83, 5125)])
 @pytest.mark.parametrize("dtype", list(TOL))
 def test_zero_input(device, dtype, tokens, hidden):
