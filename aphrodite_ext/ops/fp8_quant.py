@@ -4,6 +4,8 @@ nearest even and saturated to +-448."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .. import load
@@ -41,7 +43,7 @@ def dynamic_per_token_scaled_fp8_quant(
     max(min(max|x_t|, scale_ub) / 448, 1 / (448 * 512))."""
     load("_C")
     out = torch.empty(x.shape, dtype=FP8_DTYPE, device=x.device)
-    scale = torch.empty(x.numel() // max(x.shape[-1], 1), 1, dtype=torch.float32, device=x.device)
+    scale = torch.empty(math.prod(x.shape[:-1]), 1, dtype=torch.float32, device=x.device)
     torch.ops._C.dynamic_per_token_scaled_fp8_quant(out, x, scale, scale_ub)
     return out, scale
 

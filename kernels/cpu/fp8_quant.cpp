@@ -33,11 +33,13 @@ APHRODITE_VEC_INLINE vu e4m3_bits(vf x) {
   return r | sign;
 }
 
+/// kLanes bytes.
+typedef uint8_t vb __attribute__((vector_size(vec::kLanes)));
+
 /// Stores the low bytes of the first n lanes of r.
 APHRODITE_VEC_INLINE void store_bytes(uint8_t* p, vu r, int64_t n) {
-  uint8_t tmp[vec::kLanes];
-  for (int l = 0; l < vec::kLanes; ++l) tmp[l] = static_cast<uint8_t>(r[l]);
-  std::memcpy(p, tmp, static_cast<size_t>(n));
+  const vb bytes = __builtin_convertvector(r, vb);
+  std::memcpy(p, &bytes, static_cast<size_t>(n));
 }
 
 /// max |x[i]| over [0, n); NaN elements are ignored (as the GPU kernels' fmaxf does).

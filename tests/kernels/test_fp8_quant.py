@@ -435,3 +435,23 @@ def test_torch_compile(device):
     ref_tq, ref_ts = dynamic_scaled_fp8_quant_ref(x)
     torch.testing.assert_close(got_token, ref_q.float() * ref_s, rtol=0, atol=0)
     torch.testing.assert_close(got_tensor, ref_tq.float() * ref_ts, rtol=0, atol=0)
+
+
+def test_wrappers(device):
+    from aphrodite_ext import ops
+
+    x = make_input((3, 5, 200), torch.float16, device)
+    scale = torch.tensor([0.03], device=device)
+    assert_fp8_equal(
+        ops.static_scaled_fp8_quant(x, scale), static_scaled_fp8_quant_ref(x, scale), torch.float16
+    )
+    out, s = ops.dynamic_scaled_fp8_quant(x)
+    ref_out, ref_s = dynamic_scaled_fp8_quant_ref(x)
+    assert_fp8_equal(out, ref_out, torch.float16)
+    assert_scale_close(s, ref_s, torch.float16)
+    ub = torch.tensor([5.0], device=device)
+    out, s = ops.dynamic_per_token_scaled_fp8_quant(x, ub)
+    ref_out, ref_s = dynamic_per_token_scaled_fp8_quant_ref(x, ub)
+    assert s.shape == (15, 1)
+    assert_fp8_equal(out, ref_out, torch.float16)
+    assert_scale_close(s, ref_s, torch.float16)
