@@ -91,5 +91,18 @@ torch.ops._C.copy_blocks(layers[:2], layers[2:], torch.tensor([[0, 3], [6, 1]], 
 host = torch.empty(3, 2, 80, 16).pin_memory()
 torch.ops._C.swap_blocks(layers[0], host, torch.tensor([[6, 0], [2, 2]]))
 torch.ops._C.swap_blocks(host, layers[1], torch.tensor([[0, 5]]))
+fp8 = torch.float8_e4m3fn
+for dtype in (torch.float32, torch.bfloat16):
+    # Rows in registers (narrow and wide), rows read twice, the single-block and two-kernel
+    # dynamic paths, vector tails, and the one-element path of a misaligned slice.
+    for tokens, d in ((3, 769), (37, 8), (5, 4096), (2, 40000), (97, 4099)):
+        base = torch.randn(tokens, (d + 7) // 8 * 8 + 8, dtype=dtype, device=dev)
+        for x in (base[:, :d].contiguous(), base[:, :d], base[:, 1 : d + 1]):
+            q = torch.empty(tokens, d, dtype=fp8, device=dev)
+            torch.ops._C.static_scaled_fp8_quant(q, x, torch.tensor([0.01], device=dev))
+            torch.ops._C.dynamic_scaled_fp8_quant(q, x, torch.empty(1, device=dev))
+            ub = torch.tensor([1.0], device=dev)
+            scales = torch.empty(tokens, 1, device=dev)
+            torch.ops._C.dynamic_per_token_scaled_fp8_quant(q, x, scales, ub)
 torch.cuda.synchronize()
 print("sanitize_kernels: all kernels ran")

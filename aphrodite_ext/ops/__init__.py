@@ -4,6 +4,11 @@ extension module that holds the op on first use."""
 
 from .activation import gelu_and_mul, gelu_tanh_and_mul, silu_and_mul
 from .cache import copy_blocks, reshape_and_cache, reshape_and_cache_flash, swap_blocks
+from .fp8_quant import (
+    dynamic_per_token_scaled_fp8_quant,
+    dynamic_scaled_fp8_quant,
+    static_scaled_fp8_quant,
+)
 from .layernorm import fused_add_rms_norm, rms_norm
 from .moe_align import moe_align_block_size
 from .moe_sum import moe_sum
@@ -24,4 +29,7 @@ __all__ = [
     "swap_blocks",
     "topk_softmax",
     "rotary_embedding",
+    "static_scaled_fp8_quant",
+    "dynamic_scaled_fp8_quant",
+    "dynamic_per_token_scaled_fp8_quant",
 ]

@@ -8,6 +8,7 @@
 
 #include "activation/activation.h"
 #include "cache/cache.h"
+#include "fp8_quant/fp8_quant.h"
 #include "layernorm/layernorm.h"
 #include "moe/topk_softmax.h"
 #include "moe/moe_align.h"
@@ -29,6 +30,11 @@
   void reshape_and_cache(const cache::ReshapeAndCacheProblem& p, int64_t token_begin,         \
                          int64_t token_end);                                              \
   void copy_blocks(const cache::CopyBlocksProblem& p, int64_t item_begin, int64_t item_end); \
+  float fp8_absmax(const fp8_quant::QuantProblem& p, int64_t row_begin, int64_t row_end);      \
+  void fp8_quantize(const fp8_quant::QuantProblem& p, float divisor, int64_t row_begin,        \
+                    int64_t row_end);                                                           \
+  void fp8_per_token_quant(const fp8_quant::QuantProblem& p, int64_t row_begin,                \
+                           int64_t row_end);                                                    \
   }
 
 APHRODITE_DECLARE_CPU_KERNELS(scalar)

@@ -19,7 +19,7 @@ BuildOptionError, find_cmake, find_nvcc = (build_options.BuildOptionError, build
                                           build_options.find_nvcc)
 
 ROOT = Path(__file__).resolve().parents[2]
-CORE = ["activation", "layernorm", "topk_softmax", "moe_align", "moe_sum", "rotary", "cache"]
+CORE = ["activation", "layernorm", "topk_softmax", "moe_align", "moe_sum", "rotary", "cache", "fp8_quant"]
 
 # requested -> the archs every core family is built for.
 MATRIX = [

@@ -1,0 +1,653 @@
+// GPU kernels of FP8 E4M3 quantization (fp8_quant.h). Every element is stored as
+// fp8::from_float(x / scale): a correctly rounded fp32 division (not a multiplication by
+// 1 / scale), so that the bytes equal those of the plain-torch reference
+// `(x.float() / scale).clamp(-448, 448).to(e4m3)`.
+//
+// - Static and dynamic per-tensor quantization are elementwise over tiles of kUnroll vectors per
+//   thread (16-byte loads, 4- or 8-byte fp8 stores) on a grid of one wave of resident blocks;
+//   rows that are contiguous with each other are treated as one long row. Dynamic per-tensor
+//   runs two kernels (per-block maxima into a workspace, then a quantization pass whose blocks
+//   each reduce those maxima to the scale), or one single-block kernel for small inputs. The
+//   workspace rather than an atomicMax on the scale's bits: nothing needs zeroing first (no
+//   memset launch, no reliance on the caller's scale), and the result does not depend on order.
+// - Per token: rows of up to 4096 vectors stay in registers between the max reduction and the
+//   quantization (one read of the input); wider rows are read twice.
+// A row whose pointer or stride does not allow 16-byte vectors takes the one-element path.
+// NaN inputs do not take part in the maxima (fmaxf) and are stored as NaN. Torch-free; CUDA only
+// (common/fp8.h has no HIP conversion yet).
+#include "fp8_quant/fp8_quant.h"
+
+#include <atomic>
+#include <cstdint>
+
+#include "common/fp8.h"
+#include "common/gpu.h"
+
+namespace aphrodite::fp8_quant {
+namespace {
+
+constexpr gpuError_t kErrorInvalidValue = cudaErrorInvalidValue;
+
+/// Block of the elementwise kernels (static, and both dynamic per-tensor passes).
+constexpr int kThreads = 256;
+/// Vectors per thread and tile that the elementwise kernels load before using any of them.
+constexpr int kUnroll = 4;
+/// Block of the single-kernel dynamic per-tensor path, taken for inputs of at most
+/// kSmallTiles tiles of kSmallThreads * kUnroll vectors: one launch instead of two, and its
+/// second read of the input hits L1.
+constexpr int kSmallThreads = 1024;
+constexpr int64_t kSmallTiles = 2;
+/// Per token: a block has at most kRowBlockThreads threads when it holds rows of up to
+/// kRowBlockThreads * 8 vectors, and up to kMaxRowThreads threads for one wider row.
+constexpr int kRowBlockThreads = 256;
+constexpr int kMaxRowThreads = 512;
+/// Vectors per thread a per-token block may keep in registers, tried in order.
+constexpr int kCacheSteps[] = {1, 2, 4, 8};
+constexpr int kMaxCache = 8;
+/// Vectors per thread loaded together by the per-token kernel that reads rows twice.
+constexpr int kStreamBatch = 4;
+/// Most per-block maxima the two-kernel dynamic path writes (its reduction grid's limit).
+constexpr int64_t kMaxPartials = 1024;
+/// Grid limit of the per-token kernels; they loop over rows beyond it.
+constexpr int64_t kMaxGridX = int64_t{1} << 20;
+
+/// N consecutive elements moved with one load of sizeof(T) * N bytes.
+template <typename T, int N>
+struct alignas(sizeof(T) * N) Vec {
+  T v[N];
+};
+
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+/// Hides v's value from the optimiser, so that the fp32 copies made for the max are not kept
+/// alive until the quantization (the packed elements take half the registers or fewer).
+template <typename V>
+__device__ __forceinline__ void launder(V& v) {
+  if constexpr (sizeof(V) % 4 == 0) {
+    uint32_t* words = reinterpret_cast<uint32_t*>(&v);
+#pragma unroll
+    for (size_t i = 0; i < sizeof(V) / 4; ++i) asm volatile("" : "+r"(words[i]));
+  }
+}
+
+template <typename T, int N>
+__device__ __forceinline__ float absmax(const Vec<T, N>& v) {
+  float m = 0.0f;
+#pragma unroll
+  for (int e = 0; e < N; ++e) m = fmaxf(m, fabsf(to_float(v.v[e])));
+  return m;
+}
+
+__device__ __forceinline__ uint8_t quantize(float x, float scale) {
+  return fp8::from_float(x / scale);
+}
+
+/// Stores the N elements of v as E4M3 at dst (N-byte aligned) with one N-byte store.
+template <typename T, int N>
+__device__ __forceinline__ void store_quantized(uint8_t* dst, const Vec<T, N>& v, float scale) {
+  static_assert(N == 1 || N == 4 || N == 8, "fp8 stores are of 1, 4 or 8 bytes");
+  if constexpr (N == 1) {
+    *dst = quantize(to_float(v.v[0]), scale);
+  } else {
+    uint32_t w[N / 4];
+#pragma unroll
+    for (int i = 0; i < N / 4; ++i) {
+      uint32_t word = 0;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        word |= static_cast<uint32_t>(quantize(to_float(v.v[4 * i + e]), scale)) << (8 * e);
+      }
+      w[i] = word;
+    }
+    if constexpr (N == 4) {
+      *reinterpret_cast<uint32_t*>(dst) = w[0];
+    } else {
+      *reinterpret_cast<uint2*>(dst) = make_uint2(w[0], w[1]);
+    }
+  }
+}
+
+/// Max of v over the warp.
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int mask = APHRODITE_WARP_SIZE / 2; mask > 0; mask /= 2) {
+    v = fmaxf(v, APHRODITE_SHFL_XOR(v, mask));
+  }
+  return v;
+}
+
+/// Max of v over a 1-D block of kBlock threads; every thread gets it. smem: kBlock / warp
+/// floats. Every thread of the block must call it, and at most once per kernel (smem is not
+/// released for reuse).
+template <int kBlock>
+__device__ __forceinline__ float block_max(float v, float* smem) {
+  constexpr int kWarps = kBlock / APHRODITE_WARP_SIZE;
+  v = warp_max(v);
+  if (threadIdx.x % APHRODITE_WARP_SIZE == 0) smem[threadIdx.x / APHRODITE_WARP_SIZE] = v;
+  __syncthreads();
+  float m = smem[0];
+#pragma unroll
+  for (int i = 1; i < kWarps; ++i) m = fmaxf(m, smem[i]);
+  return m;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Elementwise (static and dynamic per-tensor)
+// ---------------------------------------------------------------------------------------------
+
+/// Rows of `vecs_per_row` vectors of kVec elements plus `tail` single elements, cut into tiles
+/// of kBlock * kUnroll vectors; a row's last tile also takes its tail elements.
+template <typename T>
+struct Tiles {
+  uint8_t* out;
+  const T* in;
+  float* scale;
+  float* partials;        ///< dynamic: one max per block of the reduction pass
+  int64_t out_stride;
+  int64_t in_stride;
+  int64_t vecs_per_row;
+  int tail;               ///< < kVec
+  int num_partials;
+  uint32_t tiles_per_row; ///< >= 1
+  uint32_t num_tiles;     ///< rows * tiles_per_row, < 2^31
+};
+
+/// Max |x| over the tiles first, first + step, ... of a (this thread's part of them).
+template <typename T, int kVec, int kBlock>
+__device__ __forceinline__ float tiles_absmax(const Tiles<T>& a, uint32_t first, uint32_t step) {
+  using V = Vec<T, kVec>;
+  float m = 0.0f;
+  for (uint32_t tile = first; tile < a.num_tiles; tile += step) {
+    const uint32_t row = tile / a.tiles_per_row;
+    const uint32_t t = tile - row * a.tiles_per_row;
+    const T* x = a.in + static_cast<int64_t>(row) * a.in_stride;
+    const V* xv = reinterpret_cast<const V*>(x);
+    const int64_t c0 = static_cast<int64_t>(t) * (kBlock * kUnroll) + threadIdx.x;
+    V v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (c0 + u * kBlock < a.vecs_per_row) v[u] = xv[c0 + u * kBlock];
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (c0 + u * kBlock < a.vecs_per_row) m = fmaxf(m, absmax(v[u]));
+    }
+    if (t == a.tiles_per_row - 1 && static_cast<int>(threadIdx.x) < a.tail) {
+      m = fmaxf(m, fabsf(to_float(x[a.vecs_per_row * kVec + threadIdx.x])));
+    }
+  }
+  return m;
+}
+
+/// out = e4m3(in / scale) over the tiles first, first + step, ... of a.
+template <typename T, int kVec, int kBlock>
+__device__ __forceinline__ void tiles_quantize(const Tiles<T>& a, float scale, uint32_t first,
+                                               uint32_t step) {
+  using V = Vec<T, kVec>;
+  for (uint32_t tile = first; tile < a.num_tiles; tile += step) {
+    const uint32_t row = tile / a.tiles_per_row;
+    const uint32_t t = tile - row * a.tiles_per_row;
+    const T* x = a.in + static_cast<int64_t>(row) * a.in_stride;
+    uint8_t* o = a.out + static_cast<int64_t>(row) * a.out_stride;
+    const V* xv = reinterpret_cast<const V*>(x);
+    const int64_t c0 = static_cast<int64_t>(t) * (kBlock * kUnroll) + threadIdx.x;
+    V v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (c0 + u * kBlock < a.vecs_per_row) v[u] = xv[c0 + u * kBlock];
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t c = c0 + u * kBlock;
+      if (c < a.vecs_per_row) store_quantized(o + c * kVec, v[u], scale);
+    }
+    if (t == a.tiles_per_row - 1 && static_cast<int>(threadIdx.x) < a.tail) {
+      const int64_t e = a.vecs_per_row * kVec + threadIdx.x;
+      o[e] = quantize(to_float(x[e]), scale);
+    }
+  }
+}
+
+template <typename T, int kVec>
+__global__ void __launch_bounds__(kThreads) static_quant_kernel(const Tiles<T> a) {
+  // The given scale is used as it is: a zero scale gives +-448 (and NaN for 0 / 0), as the
+  // reference's division does.
+  const float scale = *a.scale;
+  tiles_quantize<T, kVec, kThreads>(a, scale, blockIdx.x, gridDim.x);
+}
+
+/// The per-tensor scale of a max: max / 448; 0 for an all-zero input.
+__device__ __forceinline__ float tensor_scale(float amax) { return amax / kFp8Max; }
+
+/// What the elements are divided by: the scale, or 1 where it is 0 (all-zero input, whose
+/// elements then quantize to (signed) zeros instead of 0 / 0 = NaN).
+__device__ __forceinline__ float safe_divisor(float scale) { return scale > 0.0f ? scale : 1.0f; }
+
+/// Dynamic per-tensor, pass 1: each block's max |x| into partials[blockIdx.x].
+template <typename T, int kVec>
+__global__ void __launch_bounds__(kThreads) absmax_partials_kernel(const Tiles<T> a) {
+  __shared__ float smem[kThreads / APHRODITE_WARP_SIZE];
+  const float m = block_max<kThreads>(tiles_absmax<T, kVec, kThreads>(a, blockIdx.x, gridDim.x),
+                                      smem);
+  if (threadIdx.x == 0) a.partials[blockIdx.x] = m;
+}
+
+/// Dynamic per-tensor, pass 2: every block reduces the partial maxima to the scale (block 0
+/// stores it), then quantizes its tiles with it.
+template <typename T, int kVec>
+__global__ void __launch_bounds__(kThreads) dynamic_quant_kernel(const Tiles<T> a) {
+  __shared__ float smem[kThreads / APHRODITE_WARP_SIZE];
+  float m = 0.0f;
+  for (int i = threadIdx.x; i < a.num_partials; i += kThreads) m = fmaxf(m, a.partials[i]);
+  const float scale = tensor_scale(block_max<kThreads>(m, smem));
+  if (blockIdx.x == 0 && threadIdx.x == 0) *a.scale = scale;
+  tiles_quantize<T, kVec, kThreads>(a, safe_divisor(scale), blockIdx.x, gridDim.x);
+}
+
+/// Dynamic per-tensor in one block: the max, the scale, then the quantization.
+template <typename T, int kVec>
+__global__ void __launch_bounds__(kSmallThreads) dynamic_quant_small_kernel(const Tiles<T> a) {
+  __shared__ float smem[kSmallThreads / APHRODITE_WARP_SIZE];
+  const float scale =
+      tensor_scale(block_max<kSmallThreads>(tiles_absmax<T, kVec, kSmallThreads>(a, 0, 1), smem));
+  if (threadIdx.x == 0) *a.scale = scale;
+  tiles_quantize<T, kVec, kSmallThreads>(a, safe_divisor(scale), 0, 1);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Per token
+// ---------------------------------------------------------------------------------------------
+
+template <typename T>
+struct Rows {
+  uint8_t* out;
+  const T* in;
+  float* scale;            ///< [rows]
+  const float* scale_ub;   ///< [1] or null
+  int64_t rows;
+  int64_t out_stride;
+  int64_t in_stride;
+  int vecs_per_row;
+  int tail;                ///< < kVec single elements after the vectors of a row
+};
+
+/// Max of v over the blockDim.x threads of this thread's row (threadIdx.y); blockDim.x is a
+/// multiple of the warp size and the block has at most kMaxRowThreads threads. Every thread of
+/// the block must call it.
+__device__ __forceinline__ float row_max(float v, float* smem) {
+  v = warp_max(v);
+  if (blockDim.x == APHRODITE_WARP_SIZE) return v;
+  const int warps = static_cast<int>(blockDim.x) / APHRODITE_WARP_SIZE;
+  float* row_smem = smem + threadIdx.y * warps;
+  if (threadIdx.x % APHRODITE_WARP_SIZE == 0) row_smem[threadIdx.x / APHRODITE_WARP_SIZE] = v;
+  __syncthreads();
+  float m = row_smem[0];
+  for (int i = 1; i < warps; ++i) m = fmaxf(m, row_smem[i]);
+  __syncthreads();  // smem is reused by the next row
+  return m;
+}
+
+/// vLLM's per-token scale: max(min(max|x|, ub) / 448, 1 / (448 * 512)).
+__device__ __forceinline__ float token_scale(float amax, const float* scale_ub) {
+  if (scale_ub != nullptr) amax = fminf(amax, *scale_ub);
+  return fmaxf(amax / kFp8Max, kMinPerTokenScale);
+}
+
+/// Rows in registers: thread x of a row holds its vectors x, x + blockDim.x, ... (kCache of
+/// them, which cover the row) and, for x < tail, one tail element; blockDim.y rows per block.
+template <typename T, int kVec, int kCache>
+__global__ void __launch_bounds__(kMaxRowThreads) per_token_cached_kernel(const Rows<T> a) {
+  using V = Vec<T, kVec>;
+  __shared__ float smem[kMaxRowThreads / APHRODITE_WARP_SIZE];
+  const int tx = static_cast<int>(blockDim.x);
+  const int first = static_cast<int>(threadIdx.x);
+  const int64_t row_step = static_cast<int64_t>(gridDim.x) * blockDim.y;
+  // The loop bound is uniform across the block, so every thread reaches every row_max.
+  for (int64_t row0 = static_cast<int64_t>(blockIdx.x) * blockDim.y; row0 < a.rows;
+       row0 += row_step) {
+    const int64_t row = row0 + threadIdx.y;
+    const bool valid = row < a.rows;
+    const T* x = a.in + (valid ? row : 0) * a.in_stride;
+    const V* xv = reinterpret_cast<const V*>(x);
+    V v[kCache];
+#pragma unroll
+    for (int i = 0; i < kCache; ++i) {
+      const int c = first + i * tx;
+      if (valid && c < a.vecs_per_row) v[i] = xv[c];
+    }
+    const bool has_tail = valid && first < a.tail;
+    const int64_t tail_at = static_cast<int64_t>(a.vecs_per_row) * kVec + first;
+    const float tail_x = has_tail ? to_float(x[tail_at]) : 0.0f;
+    float m = fabsf(tail_x);
+#pragma unroll
+    for (int i = 0; i < kCache; ++i) {
+      if (valid && first + i * tx < a.vecs_per_row) m = fmaxf(m, absmax(v[i]));
+    }
+    const float scale = token_scale(row_max(m, smem), a.scale_ub);
+    if (valid) {
+      if (first == 0) a.scale[row] = scale;
+      uint8_t* o = a.out + row * a.out_stride;
+#pragma unroll
+      for (int i = 0; i < kCache; ++i) {
+        const int c = first + i * tx;
+        if (c < a.vecs_per_row) {
+          launder(v[i]);
+          store_quantized(o + static_cast<int64_t>(c) * kVec, v[i], scale);
+        }
+      }
+      if (has_tail) o[tail_at] = quantize(tail_x, scale);
+    }
+  }
+}
+
+/// Rows of any width, one per block (blockDim.y == 1): the first pass finds the max, the second
+/// re-reads the row and quantizes it. kStreamBatch vectors per thread are loaded together.
+template <typename T, int kVec>
+__global__ void __launch_bounds__(kMaxRowThreads) per_token_streaming_kernel(const Rows<T> a) {
+  using V = Vec<T, kVec>;
+  __shared__ float smem[kMaxRowThreads / APHRODITE_WARP_SIZE];
+  const int tx = static_cast<int>(blockDim.x);
+  const int first = static_cast<int>(threadIdx.x);
+  for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {
+    const T* x = a.in + row * a.in_stride;
+    uint8_t* o = a.out + row * a.out_stride;
+    const V* xv = reinterpret_cast<const V*>(x);
+    const int64_t tail_at = static_cast<int64_t>(a.vecs_per_row) * kVec + first;
+    float m = first < a.tail ? fabsf(to_float(x[tail_at])) : 0.0f;
+#pragma unroll 1
+    for (int c0 = first; c0 < a.vecs_per_row; c0 += kStreamBatch * tx) {
+      V v[kStreamBatch];
+#pragma unroll
+      for (int i = 0; i < kStreamBatch; ++i) {
+        if (c0 + i * tx < a.vecs_per_row) v[i] = xv[c0 + i * tx];
+      }
+#pragma unroll
+      for (int i = 0; i < kStreamBatch; ++i) {
+        if (c0 + i * tx < a.vecs_per_row) m = fmaxf(m, absmax(v[i]));
+      }
+    }
+    const float scale = token_scale(row_max(m, smem), a.scale_ub);
+    if (first == 0) a.scale[row] = scale;
+#pragma unroll 1
+    for (int c0 = first; c0 < a.vecs_per_row; c0 += kStreamBatch * tx) {
+      V v[kStreamBatch];
+#pragma unroll
+      for (int i = 0; i < kStreamBatch; ++i) {
+        if (c0 + i * tx < a.vecs_per_row) v[i] = xv[c0 + i * tx];
+      }
+#pragma unroll
+      for (int i = 0; i < kStreamBatch; ++i) {
+        const int c = c0 + i * tx;
+        if (c < a.vecs_per_row) store_quantized(o + static_cast<int64_t>(c) * kVec, v[i], scale);
+      }
+    }
+    if (first < a.tail) o[tail_at] = quantize(to_float(x[tail_at]), scale);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host side
+// ---------------------------------------------------------------------------------------------
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+bool aligned(const void* p, int64_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+/// SMs of the current device, for grids sized to the machine; looked up once per device.
+int64_t sm_count() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> cached[kMaxDevices] = {};
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    (void)cudaGetLastError();  // not this launch's error: fall back to a common size
+    return 132;
+  }
+  if (device >= 0 && device < kMaxDevices) {
+    const int sms = cached[device].load(std::memory_order_relaxed);
+    if (sms > 0) return sms;
+  }
+  int sms = 0;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+      sms <= 0) {
+    (void)cudaGetLastError();
+    return 132;
+  }
+  if (device >= 0 && device < kMaxDevices) cached[device].store(sms, std::memory_order_relaxed);
+  return sms;
+}
+
+/// Blocks of `kernel` with `threads` threads that an SM holds at once, looked up once per call
+/// site (`cache`), so that the elementwise grids are one wave of resident blocks.
+template <typename Kernel>
+int64_t resident_blocks(std::atomic<int>& cache, Kernel kernel, int threads) {
+  int blocks = cache.load(std::memory_order_relaxed);
+  if (blocks > 0) return blocks;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, 0) != cudaSuccess ||
+      blocks <= 0) {
+    (void)cudaGetLastError();  // not this launch's error: assume a quarter of an SM per block
+    return 2048 / threads / 4 > 0 ? 2048 / threads / 4 : 1;
+  }
+  cache.store(blocks, std::memory_order_relaxed);
+  return blocks;
+}
+
+/// The rows of p as tiles of kBlock * kUnroll vectors of kVec elements. Rows that follow each
+/// other without a gap (in input and output) become one row. False where the tile count
+/// overflows.
+template <typename T, int kVec, int kBlock>
+bool make_tiles(const QuantProblem& p, Tiles<T>& a) {
+  int64_t rows = p.num_tokens;
+  int64_t cols = p.hidden;
+  if (rows > 1 && p.input_row_stride == cols && p.out_row_stride == cols) {
+    cols *= rows;
+    rows = 1;
+  }
+  a.out = p.out;
+  a.in = static_cast<const T*>(p.input);
+  a.scale = p.scale;
+  a.partials = p.workspace;
+  a.out_stride = p.out_row_stride;
+  a.in_stride = p.input_row_stride;
+  a.vecs_per_row = cols / kVec;
+  a.tail = static_cast<int>(cols % kVec);
+  a.num_partials = 0;
+  const int64_t tiles_per_row =
+      a.vecs_per_row > 0 ? ceil_div(a.vecs_per_row, int64_t{kBlock} * kUnroll) : 1;
+  const int64_t num_tiles = rows * tiles_per_row;
+  if (num_tiles > INT32_MAX) return false;
+  a.tiles_per_row = static_cast<uint32_t>(tiles_per_row);
+  a.num_tiles = static_cast<uint32_t>(num_tiles);
+  return true;
+}
+
+/// Whether every row of p starts 16-byte aligned in the input and kVec-byte aligned in the
+/// output. `merges_rows`: the kernel treats gapless rows as one (make_tiles), which then only
+/// needs its pointers aligned.
+template <int kVec>
+bool rows_vectorisable(const QuantProblem& p, bool merges_rows) {
+  const bool one_row = p.num_tokens <= 1 || (merges_rows && p.input_row_stride == p.hidden &&
+                                             p.out_row_stride == p.hidden);
+  return aligned(p.input, 16) && aligned(p.out, kVec) &&
+         (one_row || (p.input_row_stride % kVec == 0 && p.out_row_stride % kVec == 0));
+}
+
+int64_t grid_for(uint32_t num_tiles, int64_t cap) {
+  return static_cast<int64_t>(num_tiles) < cap ? static_cast<int64_t>(num_tiles) : cap;
+}
+
+template <typename T, int kVec>
+gpuError_t launch_static_vec(const QuantProblem& p, gpuStream_t stream) {
+  Tiles<T> a;
+  if (!make_tiles<T, kVec, kThreads>(p, a)) return kErrorInvalidValue;
+  static std::atomic<int> per_sm{0};
+  const int64_t resident = resident_blocks(per_sm, static_quant_kernel<T, kVec>, kThreads);
+  const int64_t grid = grid_for(a.num_tiles, sm_count() * resident);
+  if (grid == 0) return gpuSuccess;
+  static_quant_kernel<T, kVec><<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(a);
+  return gpuGetLastError();
+}
+
+/// Whether the dynamic per-tensor quantization of p runs as the single-block kernel.
+template <typename T, int kVec>
+bool dynamic_single_kernel(const QuantProblem& p) {
+  Tiles<T> small;
+  return make_tiles<T, kVec, kSmallThreads>(p, small) && small.num_tiles <= kSmallTiles;
+}
+
+template <typename T>
+int64_t dynamic_workspace(const QuantProblem& p) {
+  constexpr int kVec = static_cast<int>(16 / sizeof(T));
+  const bool single = rows_vectorisable<kVec>(p, true) ? dynamic_single_kernel<T, kVec>(p)
+                                                      : dynamic_single_kernel<T, 1>(p);
+  return single ? 0 : kMaxPartials;
+}
+
+template <typename T, int kVec>
+gpuError_t launch_dynamic_vec(const QuantProblem& p, gpuStream_t stream) {
+  Tiles<T> small;
+  if (!make_tiles<T, kVec, kSmallThreads>(p, small)) return kErrorInvalidValue;
+  if (small.num_tiles <= kSmallTiles) {
+    // Also the path of an empty input, which still writes its scale (0).
+    dynamic_quant_small_kernel<T, kVec><<<1, kSmallThreads, 0, stream>>>(small);
+    return gpuGetLastError();
+  }
+  Tiles<T> a;
+  if (!make_tiles<T, kVec, kThreads>(p, a)) return kErrorInvalidValue;
+  if (p.workspace == nullptr) return kErrorInvalidValue;
+  const int64_t sms = sm_count();
+  static std::atomic<int> absmax_per_sm{0};
+  static std::atomic<int> quant_per_sm{0};
+  int64_t partials = grid_for(
+      a.num_tiles, sms * resident_blocks(absmax_per_sm, absmax_partials_kernel<T, kVec>, kThreads));
+  if (partials > kMaxPartials) partials = kMaxPartials;
+  a.num_partials = static_cast<int>(partials);
+  absmax_partials_kernel<T, kVec><<<static_cast<unsigned>(partials), kThreads, 0, stream>>>(a);
+  const gpuError_t err = gpuGetLastError();
+  if (err != gpuSuccess) return err;
+  const int64_t grid = grid_for(
+      a.num_tiles, sms * resident_blocks(quant_per_sm, dynamic_quant_kernel<T, kVec>, kThreads));
+  dynamic_quant_kernel<T, kVec><<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(a);
+  return gpuGetLastError();
+}
+
+template <typename T, int kVec, int kCache>
+gpuError_t launch_per_token_kernel(const Rows<T>& a, int64_t tx, int64_t ty, gpuStream_t stream) {
+  int64_t blocks = ceil_div(a.rows, ty);
+  if (blocks > kMaxGridX) blocks = kMaxGridX;
+  const dim3 grid(static_cast<unsigned>(blocks));
+  const dim3 block(static_cast<unsigned>(tx), static_cast<unsigned>(ty));
+  if constexpr (kCache == 0) {
+    per_token_streaming_kernel<T, kVec><<<grid, block, 0, stream>>>(a);
+  } else {
+    per_token_cached_kernel<T, kVec, kCache><<<grid, block, 0, stream>>>(a);
+  }
+  return gpuGetLastError();
+}
+
+/// Picks the block shape and register cache for rows of a.vecs_per_row vectors and launches.
+/// Threads per row are a multiple of the warp size (the tail's < kVec threads always fit).
+template <typename T, int kVec>
+gpuError_t launch_per_token_vec(const QuantProblem& p, gpuStream_t stream) {
+  Rows<T> a;
+  a.out = p.out;
+  a.in = static_cast<const T*>(p.input);
+  a.scale = p.scale;
+  a.scale_ub = p.scale_ub;
+  a.rows = p.num_tokens;
+  a.out_stride = p.out_row_stride;
+  a.in_stride = p.input_row_stride;
+  a.vecs_per_row = static_cast<int>(p.hidden / kVec);
+  a.tail = static_cast<int>(p.hidden % kVec);
+  const int64_t num_vecs = a.vecs_per_row;
+  constexpr int64_t kWarp = APHRODITE_WARP_SIZE;
+  int cache = 0;
+  for (int c : kCacheSteps) {
+    if (num_vecs <= int64_t{kRowBlockThreads} * c) {
+      cache = c;
+      break;
+    }
+  }
+  if (cache == 0 && num_vecs <= int64_t{kMaxRowThreads} * kMaxCache) cache = kMaxCache;
+  int64_t tx = kMaxRowThreads;
+  int64_t ty = 1;
+  if (cache > 0) {
+    tx = ceil_div(ceil_div(num_vecs, cache), kWarp) * kWarp;
+    if (tx < kWarp) tx = kWarp;
+    ty = tx < kRowBlockThreads ? kRowBlockThreads / tx : 1;
+  }
+  switch (cache) {
+    case 1: return launch_per_token_kernel<T, kVec, 1>(a, tx, ty, stream);
+    case 2: return launch_per_token_kernel<T, kVec, 2>(a, tx, ty, stream);
+    case 4: return launch_per_token_kernel<T, kVec, 4>(a, tx, ty, stream);
+    case 8: return launch_per_token_kernel<T, kVec, 8>(a, tx, ty, stream);
+    default: return launch_per_token_kernel<T, kVec, 0>(a, tx, ty, stream);
+  }
+}
+
+enum class Op { kStatic, kDynamic, kPerToken };
+
+/// Takes the 16-byte path where the pointers and strides allow it, else the one-element path.
+template <typename T>
+gpuError_t run(Op op, const QuantProblem& p, gpuStream_t stream) {
+  if (p.num_tokens < 0 || p.hidden < 0) return kErrorInvalidValue;
+  constexpr int kVec = static_cast<int>(16 / sizeof(T));
+  const bool vectorised = rows_vectorisable<kVec>(p, op != Op::kPerToken);
+  switch (op) {
+    case Op::kStatic:
+      if (p.num_tokens == 0 || p.hidden == 0) return gpuSuccess;
+      return vectorised ? launch_static_vec<T, kVec>(p, stream)
+                        : launch_static_vec<T, 1>(p, stream);
+    case Op::kDynamic:
+      return vectorised ? launch_dynamic_vec<T, kVec>(p, stream)
+                        : launch_dynamic_vec<T, 1>(p, stream);
+    case Op::kPerToken:
+      if (p.num_tokens == 0) return gpuSuccess;
+      if (p.hidden > INT32_MAX) return kErrorInvalidValue;
+      return vectorised ? launch_per_token_vec<T, kVec>(p, stream)
+                        : launch_per_token_vec<T, 1>(p, stream);
+  }
+  return kErrorInvalidValue;
+}
+
+gpuError_t dispatch(Op op, const QuantProblem& p, gpuStream_t stream) {
+  switch (p.dtype) {
+    case ScalarType::kFloat32: return run<float>(op, p, stream);
+    case ScalarType::kFloat16: return run<__half>(op, p, stream);
+    case ScalarType::kBFloat16: return run<__nv_bfloat16>(op, p, stream);
+  }
+  return kErrorInvalidValue;
+}
+
+}  // namespace
+
+/// @brief Launches out = e4m3(input / scale[0]) (fp32 division, round to nearest even,
+/// saturating) on `stream` for the input type p.dtype. Returns the launch's error code.
+gpuError_t launch_static_scaled_fp8_quant(const QuantProblem& p, gpuStream_t stream) {
+  return dispatch(Op::kStatic, p, stream);
+}
+
+int64_t dynamic_scaled_fp8_quant_workspace(const QuantProblem& p) {
+  switch (p.dtype) {
+    case ScalarType::kFloat32: return dynamic_workspace<float>(p);
+    case ScalarType::kFloat16: return dynamic_workspace<__half>(p);
+    case ScalarType::kBFloat16: return dynamic_workspace<__nv_bfloat16>(p);
+  }
+  return 0;
+}
+
+/// @brief Launches scale[0] = max|input| / 448 and out = e4m3(input / scale[0]) (dividing by 1
+/// where the scale is 0) on `stream`, without synchronising with the host. Returns the first
+/// failed launch's error code.
+gpuError_t launch_dynamic_scaled_fp8_quant(const QuantProblem& p, gpuStream_t stream) {
+  return dispatch(Op::kDynamic, p, stream);
+}
+
+/// @brief Launches scale[t] = max(min(max|input[t, :]|, scale_ub) / 448, 1 / (448 * 512)) and
+/// out[t, :] = e4m3(input[t, :] / scale[t]) on `stream`. Returns the launch's error code.
+gpuError_t launch_dynamic_per_token_scaled_fp8_quant(const QuantProblem& p, gpuStream_t stream) {
+  return dispatch(Op::kPerToken, p, stream);
+}
+
+}  // namespace aphrodite::fp8_quant
