@@ -135,13 +135,11 @@ GENCODE_CASES = [
     ("10.0", "-gencode=arch=compute_100,code=sm_100"),
     (
         "12.0+PTX",
-        "-gencode=arch=compute_120,code=sm_120;"
-        "-gencode=arch=compute_120,code=compute_120",
+        "-gencode=arch=compute_120,code=sm_120;-gencode=arch=compute_120,code=compute_120",
     ),
     (
         "10.0f+PTX",
-        "-gencode=arch=compute_100f,code=sm_100f;"
-        "-gencode=arch=compute_100f,code=compute_100f",
+        "-gencode=arch=compute_100f,code=sm_100f;-gencode=arch=compute_100f,code=compute_100f",
     ),
     (
         "7.5;8.6",
@@ -311,9 +309,7 @@ def _ids(cases):
 # ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "idx", range(len(INTERSECT_CASES)), ids=_ids(INTERSECT_CASES)
-)
+@pytest.mark.parametrize("idx", range(len(INTERSECT_CASES)), ids=_ids(INTERSECT_CASES))
 def test_intersect(idx):
     sup, req, expected = INTERSECT_CASES[idx]
     got, *shuffled = _intersect_results()[idx]

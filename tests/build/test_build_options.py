@@ -21,29 +21,35 @@ def test_defaults_on_a_machine_without_gpu():
     assert opts.build_dir.name == "cpu-release"
 
 
-@pytest.mark.parametrize("facts, device, why", [
-    (CPU_TORCH, "cpu", "CPU-only build"),
-    (CUDA_TORCH_NO_GPU, "cpu", "sees no GPU"),
-    (CUDA_TORCH_GPU, "cuda", "CUDA GPU is visible"),
-    (bo.TorchFacts("2.11.0+rocm6.3", None, "6.3.1", True), "rocm", "ROCm GPU is visible"),
-])
+@pytest.mark.parametrize(
+    "facts, device, why",
+    [
+        (CPU_TORCH, "cpu", "CPU-only build"),
+        (CUDA_TORCH_NO_GPU, "cpu", "sees no GPU"),
+        (CUDA_TORCH_GPU, "cuda", "CUDA GPU is visible"),
+        (bo.TorchFacts("2.11.0+rocm6.3", None, "6.3.1", True), "rocm", "ROCm GPU is visible"),
+    ],
+)
 def test_auto_picks_the_backend_and_says_why(facts, device, why):
     chosen, reason = bo.resolve_device("auto", facts)
     assert chosen == device and why in reason
 
 
-@pytest.mark.parametrize("env, match", [
-    ({"APHRODITE_TARGET_DEVICE": "gpu"}, "not a backend; use one of: auto, cuda, rocm, cpu"),
-    ({"APHRODITE_TARGET_DEVICE": "cuda"}, "needs a CUDA build of torch"),
-    ({"APHRODITE_TARGET_DEVICE": "rocm"}, "needs a ROCm build of torch"),
-    ({"MAX_JOBS": "0"}, "MAX_JOBS='0' must be a positive integer"),
-    ({"MAX_JOBS": "four"}, "MAX_JOBS='four' must be a positive integer"),
-    ({"NVCC_THREADS": "-2"}, "NVCC_THREADS='-2' must be a positive integer"),
-    ({"CMAKE_BUILD_TYPE": "Fast"}, "not a build type"),
-    ({"CMAKE_ARGS": "-DFOO='unterminated"}, "cannot be split"),
-    ({"CMAKE_ARGS": "-DAPHRODITE_TARGET_DEVICE=cuda"}, "set the environment variable"),
-    ({"APHRODITE_GENERATOR_OPTIONS": "dtypes=bf16"}, "<family>.<key>=<value>"),
-])
+@pytest.mark.parametrize(
+    "env, match",
+    [
+        ({"APHRODITE_TARGET_DEVICE": "gpu"}, "not a backend; use one of: auto, cuda, rocm, cpu"),
+        ({"APHRODITE_TARGET_DEVICE": "cuda"}, "needs a CUDA build of torch"),
+        ({"APHRODITE_TARGET_DEVICE": "rocm"}, "needs a ROCm build of torch"),
+        ({"MAX_JOBS": "0"}, "MAX_JOBS='0' must be a positive integer"),
+        ({"MAX_JOBS": "four"}, "MAX_JOBS='four' must be a positive integer"),
+        ({"NVCC_THREADS": "-2"}, "NVCC_THREADS='-2' must be a positive integer"),
+        ({"CMAKE_BUILD_TYPE": "Fast"}, "not a build type"),
+        ({"CMAKE_ARGS": "-DFOO='unterminated"}, "cannot be split"),
+        ({"CMAKE_ARGS": "-DAPHRODITE_TARGET_DEVICE=cuda"}, "set the environment variable"),
+        ({"APHRODITE_GENERATOR_OPTIONS": "dtypes=bf16"}, "<family>.<key>=<value>"),
+    ],
+)
 def test_bad_knobs_are_rejected(env, match):
     with pytest.raises(bo.BuildOptionError, match=match):
         options(**env)
@@ -55,12 +61,15 @@ def test_cuda_without_nvcc_names_what_is_missing(monkeypatch):
         options(CUDA_TORCH_NO_GPU, APHRODITE_TARGET_DEVICE="cuda")
 
 
-@pytest.mark.parametrize("arch_list, match", [
-    ("9.1", "'9.1' is not a CUDA arch"),
-    ("sm_90", "write '9.0'"),
-    ("8.0+ptx+ptx", "repeats \\+PTX"),
-    ("12.1(2.0)", "write just '12.1'"),
-])
+@pytest.mark.parametrize(
+    "arch_list, match",
+    [
+        ("9.1", "'9.1' is not a CUDA arch"),
+        ("sm_90", "write '9.0'"),
+        ("8.0+ptx+ptx", "repeats \\+PTX"),
+        ("12.1(2.0)", "write just '12.1'"),
+    ],
+)
 def test_bad_arch_lists_fail_before_configure(arch_list, match):
     with pytest.raises(bo.BuildOptionError, match=match):
         bo.check_cuda_arch_list(arch_list)
@@ -70,12 +79,15 @@ def test_arch_list_is_normalised_by_the_cmake_functions():
     assert bo.check_cuda_arch_list("9.0a;8.0 12.0+ptx") == "8.0 9.0a 12.0+PTX"
 
 
-@pytest.mark.parametrize("cpus, mem, threads, jobs", [
-    (16, 128.0, 1, 16),   # plenty of memory: the cores decide
-    (16, 12.0, 1, 8),     # 12 GiB / 1.5 GiB per job
-    (16, 12.0, 4, 2),     # nvcc with 4 threads: 6 GiB per job
-    (2, 0.5, 1, 1),       # never below one
-])
+@pytest.mark.parametrize(
+    "cpus, mem, threads, jobs",
+    [
+        (16, 128.0, 1, 16),  # plenty of memory: the cores decide
+        (16, 12.0, 1, 8),  # 12 GiB / 1.5 GiB per job
+        (16, 12.0, 4, 2),  # nvcc with 4 threads: 6 GiB per job
+        (2, 0.5, 1, 1),  # never below one
+    ],
+)
 def test_max_jobs_is_memory_aware(cpus, mem, threads, jobs):
     assert bo.default_max_jobs(threads, cpus=cpus, mem_gib=mem) == jobs
 

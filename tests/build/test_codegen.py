@@ -25,8 +25,15 @@ def codegen(tmp_path):
 
 
 def generate(codegen, out, *extra):
-    cmd = [sys.executable, str(codegen / "activation.py"), "--out-dir", str(out),
-           "--archs", "9.0a", *extra]
+    cmd = [
+        sys.executable,
+        str(codegen / "activation.py"),
+        "--out-dir",
+        str(out),
+        "--archs",
+        "9.0a",
+        *extra,
+    ]
     return subprocess.run(cmd, capture_output=True, text=True, check=True)
 
 
@@ -38,8 +45,12 @@ def test_describe_lists_outputs_and_inputs(codegen, tmp_path):
     desc = json.loads(generate(codegen, tmp_path / "o", "--describe").stdout)
     assert len(desc["outputs"]) == 3 * 3 + 1 and "activation_dispatch.cu" in desc["outputs"]
     names = {Path(p).name for p in desc["inputs"]}
-    assert {"activation.py", "common.py", "activation_instance.cu.j2",
-            "activation_dispatch.cu.j2"} <= names
+    assert {
+        "activation.py",
+        "common.py",
+        "activation_instance.cu.j2",
+        "activation_dispatch.cu.j2",
+    } <= names
     assert not (tmp_path / "o").exists(), "--describe must not write"
 
 
@@ -89,18 +100,33 @@ def test_narrowing_option_drops_files_and_stale_outputs(codegen, tmp_path):
     generate(codegen, out)
     generate(codegen, out, "--option", "dtypes=bf16")
     names = sorted(p.name for p in out.iterdir() if p.name != ".stamp")
-    assert names == ["activation_dispatch.cu", "activation_gelu_bf16.cu",
-                     "activation_gelu_tanh_bf16.cu", "activation_silu_bf16.cu"]
+    assert names == [
+        "activation_dispatch.cu",
+        "activation_gelu_bf16.cu",
+        "activation_gelu_tanh_bf16.cu",
+        "activation_silu_bf16.cu",
+    ]
     assert "kFloat32" not in (out / "activation_dispatch.cu").read_text()
 
 
 def test_bad_option_says_what_is_allowed(codegen, tmp_path):
-    proc = subprocess.run([sys.executable, str(codegen / "activation.py"), "--out-dir",
-                           str(tmp_path), "--option", "dtypes=fp8"], capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(codegen / "activation.py"),
+            "--out-dir",
+            str(tmp_path),
+            "--option",
+            "dtypes=fp8",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode != 0 and "subset of f32,f16,bf16" in proc.stderr
 
 
 # --- the build graph: CMake + ninja + nvcc --------------------------------------------------
+
 
 def _tools():
     from conftest import build_options
@@ -119,20 +145,36 @@ needs_tools = pytest.mark.skipif(TOOLS is None, reason="needs cmake >= 3.26, nin
 
 def configure(codegen, build, arch="90"):
     cmake, nvcc, _ = TOOLS
-    subprocess.run([cmake, "-S", str(ROOT / "tests/build/codegen_project"), "-B", str(build),
-                    "-G", "Ninja", f"-DCMAKE_CUDA_COMPILER={nvcc}", f"-DAPHRODITE_ROOT={ROOT}",
-                    f"-DCODEGEN_DIR={codegen}", f"-DARCH={arch}",
-                    f"-DPython3_EXECUTABLE={sys.executable}"],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [
+            cmake,
+            "-S",
+            str(ROOT / "tests/build/codegen_project"),
+            "-B",
+            str(build),
+            "-G",
+            "Ninja",
+            f"-DCMAKE_CUDA_COMPILER={nvcc}",
+            f"-DAPHRODITE_ROOT={ROOT}",
+            f"-DCODEGEN_DIR={codegen}",
+            f"-DARCH={arch}",
+            f"-DPython3_EXECUTABLE={sys.executable}",
+        ],
+        check=True,
+        capture_output=True,
+    )
 
 
 def build(build_dir):
     """Runs ninja; returns (generator runs, compiled translation units)."""
-    out = subprocess.run([TOOLS[2], "-C", str(build_dir), "-v"], check=True,
-                         capture_output=True, text=True).stdout
+    out = subprocess.run(
+        [TOOLS[2], "-C", str(build_dir), "-v"], check=True, capture_output=True, text=True
+    ).stdout
     commands = [ln for ln in out.splitlines() if ln.startswith("[")]
-    return (sum("activation.py" in ln for ln in commands),
-            sum(" -c " in ln and "nvcc" in ln for ln in commands))
+    return (
+        sum("activation.py" in ln for ln in commands),
+        sum(" -c " in ln and "nvcc" in ln for ln in commands),
+    )
 
 
 @pytest.mark.slow
@@ -140,18 +182,18 @@ def build(build_dir):
 def test_build_graph_regenerates_and_recompiles_only_what_changed(codegen, tmp_path):
     b = tmp_path / "build"
     configure(codegen, b)
-    assert build(b) == (1, 11)          # 10 generated files + layernorm.cu
-    assert build(b) == (0, 0)           # nothing changed: nothing runs
+    assert build(b) == (1, 11)  # 10 generated files + layernorm.cu
+    assert build(b) == (0, 0)  # nothing changed: nothing runs
 
     template = codegen / "templates" / "activation_instance.cu.j2"
     template.write_text(template.read_text() + "{# a comment: same output #}\n")
-    assert build(b) == (1, 0)           # the generator runs, writes nothing, nothing compiles
+    assert build(b) == (1, 0)  # the generator runs, writes nothing, nothing compiles
 
     template.write_text(template.read_text() + "// changed output\n")
-    assert build(b) == (1, 9)           # every instance file, not the dispatch
+    assert build(b) == (1, 9)  # every instance file, not the dispatch
 
     os.utime(ROOT / "kernels/layernorm/layernorm.cu")
-    assert build(b) == (0, 1)           # one kernel source: one translation unit
+    assert build(b) == (0, 1)  # one kernel source: one translation unit
 
 
 @pytest.mark.slow
@@ -164,5 +206,6 @@ def test_build_dirs_with_different_archs_keep_their_own_outputs(codegen, tmp_pat
     before = snapshot(a / "generated" / "activation")
     build(b)
     assert snapshot(a / "generated" / "activation") == before
-    assert (a / "generated/activation/.stamp").read_text() != \
-        (b / "generated/activation/.stamp").read_text()
+    assert (a / "generated/activation/.stamp").read_text() != (
+        b / "generated/activation/.stamp"
+    ).read_text()

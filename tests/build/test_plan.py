@@ -15,11 +15,23 @@ import torch
 
 from conftest import build_options
 
-BuildOptionError, find_cmake, find_nvcc = (build_options.BuildOptionError, build_options.find_cmake,
-                                          build_options.find_nvcc)
+BuildOptionError, find_cmake, find_nvcc = (
+    build_options.BuildOptionError,
+    build_options.find_cmake,
+    build_options.find_nvcc,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
-CORE = ["activation", "layernorm", "topk_softmax", "moe_align", "moe_sum", "rotary", "cache", "fp8_quant"]
+CORE = [
+    "activation",
+    "layernorm",
+    "topk_softmax",
+    "moe_align",
+    "moe_sum",
+    "rotary",
+    "cache",
+    "fp8_quant",
+]
 
 # requested -> the archs every core family is built for.
 MATRIX = [
@@ -53,10 +65,23 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(REASON is not None, reason=RE
 def configure(tmp_path, archs, *extra):
     build = tmp_path / "build"
     proc = subprocess.run(
-        [find_cmake(), "-S", str(ROOT), "-B", str(build), "-G", "Ninja",
-         "-DAPHRODITE_TARGET_DEVICE=cuda", f"-DTORCH_CUDA_ARCH_LIST={archs}",
-         f"-DCMAKE_CUDA_COMPILER={find_nvcc()}", f"-DPython3_EXECUTABLE={sys.executable}",
-         *extra], capture_output=True, text=True)
+        [
+            find_cmake(),
+            "-S",
+            str(ROOT),
+            "-B",
+            str(build),
+            "-G",
+            "Ninja",
+            "-DAPHRODITE_TARGET_DEVICE=cuda",
+            f"-DTORCH_CUDA_ARCH_LIST={archs}",
+            f"-DCMAKE_CUDA_COMPILER={find_nvcc()}",
+            f"-DPython3_EXECUTABLE={sys.executable}",
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+    )
     return proc, build
 
 
@@ -93,17 +118,23 @@ def test_disabled_family_is_recorded_with_its_reason(tmp_path):
     assert not plan["modules"]["_moe_C"]["built"]
 
 
-@pytest.mark.parametrize("archs, message", [
-    ("9.1", "'9.1' is not a CUDA arch"),
-    ("7.0", "cannot compile CUDA arch(s) 7.0"),
-])
+@pytest.mark.parametrize(
+    "archs, message",
+    [
+        ("9.1", "'9.1' is not a CUDA arch"),
+        ("7.0", "cannot compile CUDA arch(s) 7.0"),
+    ],
+)
 def test_cmake_rejects_bad_archs_at_configure(tmp_path, archs, message):
     proc, _ = configure(tmp_path, archs)
     assert proc.returncode != 0 and message in proc.stderr.replace("\n", " ")
 
 
 def test_cmake_rejects_unknown_device(tmp_path):
-    proc = subprocess.run([find_cmake(), "-S", str(ROOT), "-B", str(tmp_path / "b"),
-                           "-DAPHRODITE_TARGET_DEVICE=tpu"], capture_output=True, text=True)
+    proc = subprocess.run(
+        [find_cmake(), "-S", str(ROOT), "-B", str(tmp_path / "b"), "-DAPHRODITE_TARGET_DEVICE=tpu"],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode != 0
     assert "not a backend; use one of: auto, cuda, rocm, cpu" in " ".join(proc.stderr.split())
