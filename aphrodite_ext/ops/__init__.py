@@ -4,13 +4,17 @@ extension module that holds the op on first use."""
 
 from .activation import gelu_and_mul, gelu_tanh_and_mul, silu_and_mul
 from .layernorm import fused_add_rms_norm, rms_norm
+from .paged_attention import PARTITION_SIZE, paged_attention, xl_paged_attention
 from .topk_softmax import topk_softmax
 
 __all__ = [
+    "PARTITION_SIZE",
     "fused_add_rms_norm",
     "gelu_and_mul",
     "gelu_tanh_and_mul",
+    "paged_attention",
     "rms_norm",
     "silu_and_mul",
     "topk_softmax",
+    "xl_paged_attention",
 ]

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "activation/activation.h"
+#include "attention/paged_attention.h"
 #include "layernorm/layernorm.h"
 #include "moe/topk_softmax.h"
 
@@ -18,6 +19,10 @@
   void fused_add_rms_norm(const layernorm::FusedAddRmsNormProblem& p, int64_t row_begin,       \
                           int64_t row_end);                                                     \
   void topk_softmax(const moe::TopkSoftmaxProblem& p, int64_t row_begin, int64_t row_end);     \
+  /* items = (sequence, kv head) pairs, s * num_kv_heads + kv_head; v2 may be nullptr */         \
+  void paged_attention(const attention::PagedAttentionProblem& p,                              \
+                       const attention::PagedAttentionV2Scratch* v2, int64_t item_begin,       \
+                       int64_t item_end);                                                       \
   }
 
 APHRODITE_DECLARE_CPU_KERNELS(scalar)
