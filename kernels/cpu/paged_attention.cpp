@@ -192,12 +192,14 @@ class Item {
   void load_query(int64_t s, int64_t h0) {
     const float sc = p_.scale * k_scale_;
     const int64_t chunks = hd_ / X;
-    float row[512];  // head_size <= 256 (checked by the binding)
+    float row[256];  // head_size <= 256 (checked by the binding)
     for (int64_t g = 0; g < G_; ++g) {
-      const S* q = static_cast<const S*>(p_.query) + s * p_.q_seq_stride + (h0 + g) * p_.q_head_stride;
-      const S* u = p_.pos_bias_u == nullptr ? nullptr
-                                             : static_cast<const S*>(p_.pos_bias_u) +
-                                                   s * p_.u_seq_stride + (h0 + g) * p_.u_head_stride;
+      const int64_t h = h0 + g;
+      const S* q = static_cast<const S*>(p_.query) + s * p_.q_seq_stride + h * p_.q_head_stride;
+      const S* u = p_.pos_bias_u == nullptr
+                       ? nullptr
+                       : static_cast<const S*>(p_.pos_bias_u) + s * p_.u_seq_stride +
+                             h * p_.u_head_stride;
       for (int64_t d = 0; d < hd_; d += L) {
         vf v = vec::load<T>(q + d);
         if (u != nullptr) v += vec::load<T>(u + d);
@@ -338,7 +340,9 @@ class Item {
         } else {
           for (int64_t a = 0; a < acc_vecs; ++a) {
             vf r = vec::loadu(acc + a * L);
-            for (int64_t j = 0; j < R; ++j) r = vec::fmadd(pv[j], vec::loadu(vb + (a * R + j) * L), r);
+            for (int64_t j = 0; j < R; ++j) {
+              r = vec::fmadd(pv[j], vec::loadu(vb + (a * R + j) * L), r);
+            }
             vec::storeu(acc + a * L, r);
           }
         }
@@ -409,16 +413,22 @@ void run_items(const PagedAttentionProblem& p, const PagedAttentionV2Scratch* v2
                int64_t item_begin, int64_t item_end) {
   Buffers buf;
   Item<T, C> item(p, v2, buf);
-  for (int64_t i = item_begin; i < item_end; ++i) item.run(i / p.num_kv_heads, i % p.num_kv_heads);
+  for (int64_t i = item_begin; i < item_end; ++i) {
+    item.run(i / p.num_kv_heads, i % p.num_kv_heads);
+  }
 }
 
 template <ScalarType T>
 void run_dtype(const PagedAttentionProblem& p, const PagedAttentionV2Scratch* v2, int64_t begin,
                int64_t end) {
-  if (p.cache_dtype == KvCacheDtype::kFp8E4M3) return run_items<T, CacheKind::kFp8>(p, v2, begin, end);
-  if constexpr (T == ScalarType::kFloat32) return run_items<T, CacheKind::kF32>(p, v2, begin, end);
-  if constexpr (T == ScalarType::kFloat16) return run_items<T, CacheKind::kF16>(p, v2, begin, end);
-  if constexpr (T == ScalarType::kBFloat16) return run_items<T, CacheKind::kBF16>(p, v2, begin, end);
+  constexpr CacheKind native = T == ScalarType::kFloat32   ? CacheKind::kF32
+                               : T == ScalarType::kFloat16 ? CacheKind::kF16
+                                                           : CacheKind::kBF16;
+  if (p.cache_dtype == KvCacheDtype::kFp8E4M3) {
+    run_items<T, CacheKind::kFp8>(p, v2, begin, end);
+  } else {
+    run_items<T, native>(p, v2, begin, end);
+  }
 }
 
 }  // namespace
