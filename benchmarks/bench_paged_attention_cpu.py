@@ -9,6 +9,7 @@ size 16. The outputs are checked to agree before anything is timed.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -47,6 +48,40 @@ def make_case(context: int, dtype: torch.dtype):
     return q, k, v, key_cache, value_cache, tables, seq_lens
 
 
+def bench(dtype_name: str, context: int, reps: int) -> list:
+    """One row: our kernel and SDPA on the same keys and values, after checking they agree."""
+    dtype = getattr(torch, dtype_name)
+    q, k, v, key_cache, value_cache, tables, seq_lens = make_case(context, dtype)
+    out = torch.empty(BATCH, HEADS, HEAD_SIZE, dtype=dtype)
+    q3, one, scale = q[:, :, 0], torch.ones(1), HEAD_SIZE**-0.5
+
+    def ours():
+        torch.ops._C.paged_attention_v1(
+            out, q3, key_cache, value_cache, KV_HEADS, scale, tables, seq_lens, BLOCK_SIZE,
+            context, None, "auto", one, one,
+        )  # fmt: skip
+
+    def sdpa():
+        return F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=True)
+
+    ours()
+    err = (out.float() - sdpa()[:, :, 0].float()).abs().max().item()
+    if err > TOL[dtype]:
+        raise SystemExit(f"{dtype_name} context {context}: outputs differ by {err}")
+    t_ours = harness.median_ms(ours, "cpu", reps=reps)
+    t_sdpa = harness.median_ms(sdpa, "cpu", reps=reps)
+    kv_bytes = 2 * k.numel() * k.element_size()
+    return [
+        dtype_name,
+        context,
+        f"{t_ours * 1e3:.0f}",
+        f"{t_sdpa * 1e3:.0f}",
+        f"{kv_bytes / t_ours / 1e6:.1f}",
+        f"{t_sdpa / t_ours:.2f}x",
+        f"{err:.1e}",
+    ]
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--contexts", type=int, nargs="*", default=[512, 2048])
@@ -56,48 +91,13 @@ def main():
     args = parser.parse_args()
     aphrodite_ext.load("_C")
     torch.manual_seed(0)
-    one = torch.ones(1)
-    scale = HEAD_SIZE**-0.5
-    rows = []
-    for dtype_name in args.dtypes:
-        dtype = getattr(torch, dtype_name)
-        for context in args.contexts:
-            q, k, v, key_cache, value_cache, tables, seq_lens = make_case(context, dtype)
-            out = torch.empty(BATCH, HEADS, HEAD_SIZE, dtype=dtype)
-            q3 = q[:, :, 0]
-
-            def ours():
-                torch.ops._C.paged_attention_v1(
-                    out, q3, key_cache, value_cache, KV_HEADS, scale, tables, seq_lens,
-                    BLOCK_SIZE, context, None, "auto", one, one,
-                )  # fmt: skip
-
-            def sdpa():
-                return F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=True)
-
-            ours()
-            expected = sdpa()[:, :, 0]
-            err = (out.float() - expected.float()).abs().max().item()
-            if err > TOL[dtype]:
-                raise SystemExit(f"{dtype_name} context {context}: outputs differ by {err}")
-            t_ours = harness.median_ms(ours, "cpu", reps=args.reps)
-            t_sdpa = harness.median_ms(sdpa, "cpu", reps=args.reps)
-            kv_bytes = 2 * k.numel() * k.element_size()
-            rows.append(
-                [
-                    dtype_name,
-                    context,
-                    f"{t_ours * 1e3:.0f}",
-                    f"{t_sdpa * 1e3:.0f}",
-                    f"{kv_bytes / t_ours / 1e6:.1f}",
-                    f"{t_sdpa / t_ours:.2f}x",
-                    f"{err:.1e}",
-                ]
-            )
+    load_before = os.getloadavg()[0]
+    rows = [bench(d, c, args.reps) for d in args.dtypes for c in args.contexts]
     header = ["dtype", "context", "ours us", "SDPA us", "ours GB/s (KV)", "speedup", "max |diff|"]
     notes = (
         f"decode, batch {BATCH}, {HEADS}/{KV_HEADS} heads, head size {HEAD_SIZE}, block size "
-        f"{BLOCK_SIZE}; SDPA on contiguous K/V with enable_gqa=True; medians of {args.reps}"
+        f"{BLOCK_SIZE}; SDPA on contiguous K/V with enable_gqa=True; medians of {args.reps}; "
+        f"1-minute load average before/after: {load_before:.1f}/{os.getloadavg()[0]:.1f}"
     )
     print(harness.write("paged_attention", "cpu", header, rows, args.out, notes))
 

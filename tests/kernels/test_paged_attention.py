@@ -156,7 +156,7 @@ def test_reference_matches_sdpa(device):
     """The reference (gathering from the paged cache) against SDPA on the unpaged tensors."""
     b = Batch([5, 40, 33], 8, 2, 64, 16, torch.float32, device)
     ref = b.ref()
-    for s, length in enumerate(b.seq_lens_list):
+    for s in range(len(b.seq_lens_list)):
         k = b.keys[s].repeat_interleave(4, dim=1).transpose(0, 1)  # [heads, n, d]
         v = b.values[s].repeat_interleave(4, dim=1).transpose(0, 1)
         q = b.query[s][:, None, :]  # [heads, 1, d]
@@ -504,7 +504,9 @@ def test_xl_rejects_bad_input(device, bad, match):
 def test_opcheck(device):
     a = _v1_args(device)
     slopes = torch.rand(8, device=device)
-    torch.library.opcheck(torch.ops._C.paged_attention_v1.default, (), {**a, "alibi_slopes": slopes})
+    torch.library.opcheck(
+        torch.ops._C.paged_attention_v1.default, (), {**a, "alibi_slopes": slopes}
+    )
     torch.library.opcheck(torch.ops._C.paged_attention_v2.default, (), _v2_args(device))
     x = _xl_args(device)
     torch.library.opcheck(torch.ops._C.xl_paged_attention_v1.default, (), x)
