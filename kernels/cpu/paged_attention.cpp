@@ -97,6 +97,16 @@ struct Buffers {
   std::vector<float> stats;   // [2][G]: the partition's max logit and exp sum per head
 };
 
+/// x[0] + ... + x[N - 1], summed pairwise (a short dependency chain).
+template <int N>
+APHRODITE_VEC_INLINE float tree_sum(const float* x) {
+  if constexpr (N == 1) {
+    return x[0];
+  } else {
+    return tree_sum<N / 2>(x) + tree_sum<N / 2>(x + N / 2);
+  }
+}
+
 /// The scores of one block's tokens for each of the G heads: logits[g * ld + t] for t < n.
 /// kb points at the block's K (fp32, [head_size / x][block_size][x]).
 template <int X, int TV>
@@ -123,12 +133,7 @@ APHRODITE_VEC_INLINE void block_scores(const float* __restrict kb, const float* 
       for (int v = 0; v < TV; ++v) vec::storeu(tmp + (v0 + v) * L, acc[v]);
     }
     float* lg = logits + g * ld;
-    for (int64_t t = 0; t < n; ++t) {
-      float s = 0.0f;
-#pragma GCC unroll 16
-      for (int i = 0; i < X; ++i) s += tmp[t * X + i];
-      lg[t] = s;
-    }
+    for (int64_t t = 0; t < n; ++t) lg[t] = tree_sum<X>(tmp + t * X);
   }
 }
 
@@ -315,12 +320,12 @@ class Item {
         vb = b_.v_blk.data();
       }
       for (int64_t g = 0; g < G_; ++g) {
-        // pv[j] lane l = p[t + (j * L + l) % bs], zero past n.
+        // pv[j] lane l = p[t + (j * L + l) % bs], zero past n (bs is a power of two).
         vf pv[8];  // R <= 32 / 4
         const float* lg = b_.logits.data() + g * part_len_ + (t - t0);
         for (int64_t j = 0; j < R; ++j) {
           for (int l = 0; l < L; ++l) {
-            const int64_t k = (j * L + l) % bs_;
+            const int64_t k = (j * L + l) & (bs_ - 1);
             pv[j][l] = k < n ? lg[k] : 0.0f;
           }
         }
