@@ -85,13 +85,17 @@ constexpr int64_t cache_elem_bytes() {
   return C == CacheKind::kF32 ? 4 : C == CacheKind::kFp8 ? 1 : 2;
 }
 
+/// V blocks per step of the V pass (fewer when a block holds more than 2 vectors per row).
+constexpr int kValueBlocks = 4;
+
 /// Per-thread buffers of one work item, sized once per call.
 struct Buffers {
   std::vector<float> qpat;    // [G][head_size / x][P][L]: scale * (q + u), repeated by lanes
   std::vector<float> logits;  // [G][partition tokens]
   std::vector<float> acc_v;   // [G][head_size * W]
   std::vector<float> k_blk;   // [head_size * block_size], one converted K block
-  std::vector<float> v_blk;   // [head_size * block_size], one converted V block
+  std::vector<float> v_blk;   // [kValueBlocks][head_size * block_size], converted V blocks
+  std::vector<float> zeros;   // [head_size * block_size]
   std::vector<float> part;    // [G][head_size], one partition's output
   std::vector<float> tmp;     // [block_size * x]
   std::vector<float> stats;   // [2][G]: the partition's max logit and exp sum per head
@@ -155,7 +159,8 @@ class Item {
     b_.logits.resize(static_cast<size_t>(G_ * part_len_));
     b_.acc_v.resize(static_cast<size_t>(G_ * hd_ * W_));
     b_.k_blk.resize(static_cast<size_t>(hd_ * bs_));
-    b_.v_blk.resize(static_cast<size_t>(hd_ * bs_));
+    b_.v_blk.resize(static_cast<size_t>(kValueBlocks * hd_ * bs_));
+    b_.zeros.assign(static_cast<size_t>(hd_ * bs_), 0.0f);
     b_.part.resize(static_cast<size_t>(G_ * hd_));
     b_.tmp.resize(static_cast<size_t>(bs_ * X));
     b_.stats.resize(static_cast<size_t>(2 * G_));
@@ -299,57 +304,73 @@ class Item {
   /// acc_v[g] = sum over tokens [t0, t1) of p * V, folded to W lanes per row.
   void values(int64_t s, int64_t kvh, int64_t t0, int64_t t1) {
     std::fill(b_.acc_v.begin(), b_.acc_v.end(), 0.0f);
-    const int64_t R = bs_ / W_;           // V vectors per accumulator vector
+    switch (bs_ / W_) {  // V vectors per accumulator vector
+      case 1: values_r<1>(s, kvh, t0, t1); break;
+      case 2: values_r<2>(s, kvh, t0, t1); break;
+      case 4: values_r<4>(s, kvh, t0, t1); break;
+      default: values_r<8>(s, kvh, t0, t1); break;
+    }
+  }
+
+  /// NB blocks at a time, so that each accumulator is loaded and stored once per NB * R
+  /// FMAs; the NB * R probability vectors stay in registers.
+  template <int R>
+  void values_r(int64_t s, int64_t kvh, int64_t t0, int64_t t1) {
+    constexpr int NB = kValueBlocks / R > 0 ? kValueBlocks / R : 1;
+    static_assert(NB <= kValueBlocks);
     const int64_t acc_vecs = hd_ * W_ / L;
-    for (int64_t t = t0; t < t1; t += bs_) {
-      const int64_t n = std::min(bs_, t1 - t);
-      const char* src = static_cast<const char*>(p_.value_cache) +
-                        block_offset(s, kvh, t) * cache_elem_bytes<C>();
-      const float* vb;
-      if (C == CacheKind::kF32 && n == bs_) {
-        vb = reinterpret_cast<const float*>(src);
-      } else {
-        convert<C>(b_.v_blk.data(), src, hd_ * bs_);
+    const int64_t blk = hd_ * bs_;
+    for (int64_t t = t0; t < t1; t += NB * bs_) {
+      const float* vb[NB];
+      int64_t valid[NB];
+      for (int b = 0; b < NB; ++b) {
+        const int64_t tb = t + b * bs_;
+        valid[b] = std::max<int64_t>(0, std::min(bs_, t1 - tb));
+        if (valid[b] == 0) {
+          vb[b] = b_.zeros.data();  // past the partition: zero probabilities times zeros
+          continue;
+        }
+        const char* src = static_cast<const char*>(p_.value_cache) +
+                          block_offset(s, kvh, tb) * cache_elem_bytes<C>();
+        if (C == CacheKind::kF32 && valid[b] == bs_) {
+          vb[b] = reinterpret_cast<const float*>(src);
+          continue;
+        }
+        float* dst = b_.v_blk.data() + b * blk;
+        convert<C>(dst, src, blk);
         // Slots past the sequence may hold anything (NaN included): zero them, as 0 * NaN
         // would poison the sums.
-        if (n < bs_) {
+        if (valid[b] < bs_) {
           for (int64_t d = 0; d < hd_; ++d) {
-            std::fill(b_.v_blk.begin() + d * bs_ + n, b_.v_blk.begin() + (d + 1) * bs_, 0.0f);
+            std::fill(dst + d * bs_ + valid[b], dst + (d + 1) * bs_, 0.0f);
           }
         }
-        vb = b_.v_blk.data();
+        vb[b] = dst;
       }
       for (int64_t g = 0; g < G_; ++g) {
-        // pv[j] lane l = p[t + (j * L + l) % bs], zero past n (bs is a power of two).
-        vf pv[8];  // R <= 32 / 4
+        // pv[b][j] lane l = p[block b's token (j * L + l) % bs], zero past the valid ones
+        // (bs is a power of two).
+        vf pv[NB][R];
         const float* lg = b_.logits.data() + g * part_len_ + (t - t0);
-        for (int64_t j = 0; j < R; ++j) {
-          for (int l = 0; l < L; ++l) {
-            const int64_t k = (j * L + l) & (bs_ - 1);
-            pv[j][l] = k < n ? lg[k] : 0.0f;
+        for (int b = 0; b < NB; ++b) {
+          for (int j = 0; j < R; ++j) {
+            for (int l = 0; l < L; ++l) {
+              const int64_t k = (j * L + l) & (bs_ - 1);
+              pv[b][j][l] = k < valid[b] ? lg[b * bs_ + k] : 0.0f;
+            }
           }
         }
         float* acc = b_.acc_v.data() + g * hd_ * W_;
-        if (R == 1) {
-          for (int64_t a = 0; a < acc_vecs; ++a) {
-            vec::storeu(acc + a * L, vec::fmadd(pv[0], vec::loadu(vb + a * L),
-                                                vec::loadu(acc + a * L)));
-          }
-        } else if (R == 2) {
-          for (int64_t a = 0; a < acc_vecs; ++a) {
-            vf r = vec::loadu(acc + a * L);
-            r = vec::fmadd(pv[0], vec::loadu(vb + (2 * a) * L), r);
-            r = vec::fmadd(pv[1], vec::loadu(vb + (2 * a + 1) * L), r);
-            vec::storeu(acc + a * L, r);
-          }
-        } else {
-          for (int64_t a = 0; a < acc_vecs; ++a) {
-            vf r = vec::loadu(acc + a * L);
-            for (int64_t j = 0; j < R; ++j) {
-              r = vec::fmadd(pv[j], vec::loadu(vb + (a * R + j) * L), r);
+        for (int64_t a = 0; a < acc_vecs; ++a) {
+          vf r = vec::loadu(acc + a * L);
+#pragma GCC unroll 8
+          for (int b = 0; b < NB; ++b) {
+#pragma GCC unroll 8
+            for (int j = 0; j < R; ++j) {
+              r = vec::fmadd(pv[b][j], vec::loadu(vb[b] + (a * R + j) * L), r);
             }
-            vec::storeu(acc + a * L, r);
           }
+          vec::storeu(acc + a * L, r);
         }
       }
     }
