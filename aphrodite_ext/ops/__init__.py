@@ -24,6 +24,15 @@ __all__ = [
     "moe_sum",
     "reshape_and_cache",
     "reshape_and_cache_flash",
+from .paged_attention import PARTITION_SIZE, paged_attention, xl_paged_attention
+from .topk_softmax import topk_softmax
+
+__all__ = [
+    "PARTITION_SIZE",
+    "fused_add_rms_norm",
+    "gelu_and_mul",
+    "gelu_tanh_and_mul",
+    "paged_attention",
     "rms_norm",
     "silu_and_mul",
     "swap_blocks",
@@ -32,4 +41,5 @@ __all__ = [
     "static_scaled_fp8_quant",
     "dynamic_scaled_fp8_quant",
     "dynamic_per_token_scaled_fp8_quant",
+    "xl_paged_attention",
 ]

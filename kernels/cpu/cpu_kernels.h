@@ -9,6 +9,7 @@
 #include "activation/activation.h"
 #include "cache/cache.h"
 #include "fp8_quant/fp8_quant.h"
+#include "attention/paged_attention.h"
 #include "layernorm/layernorm.h"
 #include "moe/topk_softmax.h"
 #include "moe/moe_align.h"
@@ -35,6 +36,10 @@
                     int64_t row_end);                                                           \
   void fp8_per_token_quant(const fp8_quant::QuantProblem& p, int64_t row_begin,                \
                            int64_t row_end);                                                    \
+  /* items = (sequence, kv head) pairs, s * num_kv_heads + kv_head; v2 may be nullptr */         \
+  void paged_attention(const attention::PagedAttentionProblem& p,                              \
+                       const attention::PagedAttentionV2Scratch* v2, int64_t item_begin,       \
+                       int64_t item_end);                                                       \
   }
 
 APHRODITE_DECLARE_CPU_KERNELS(scalar)

@@ -1,0 +1,215 @@
+"""Decode attention over a paged KV cache (kernels/attention): vLLM's paged_attention_v1/v2
+and the Transformer-XL relative-position variant, with the fp32 reference beside them.
+
+The caches use the layout reshape_and_cache writes:
+  key_cache   [num_blocks, num_kv_heads, head_size // x, block_size, x], x = 16 // element size
+  value_cache [num_blocks, num_kv_heads, head_size, block_size]
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .. import load
+
+#: Tokens per v2 partition: v2 scratch holds ceil(max_seq_len / PARTITION_SIZE) partitions.
+PARTITION_SIZE = 512
+
+
+def _scale_tensor(value: float | torch.Tensor, device: torch.device) -> torch.Tensor:
+    if isinstance(value, torch.Tensor):
+        return value
+    return torch.tensor([float(value)], dtype=torch.float32, device=device)
+
+
+def v2_scratch(
+    num_seqs: int, num_heads: int, head_size: int, max_seq_len: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(exp_sums, max_logits, tmp_out), float32, sized for max_seq_len."""
+    parts = max(1, math.ceil(max_seq_len / PARTITION_SIZE))
+    kw = dict(dtype=torch.float32, device=device)
+    return (
+        torch.empty(num_seqs, num_heads, parts, **kw),
+        torch.empty(num_seqs, num_heads, parts, **kw),
+        torch.empty(num_seqs, num_heads, parts, head_size, **kw),
+    )
+
+
+def _use_v2(version: str, max_seq_len: int, num_seqs: int, num_heads: int) -> bool:
+    if version not in ("auto", "v1", "v2"):
+        raise ValueError(f"version must be 'auto', 'v1' or 'v2', got {version!r}")
+    if version != "auto":
+        return version == "v2"
+    # vLLM's heuristic: split long contexts unless the batch alone fills the GPU.
+    return max_seq_len > 8192 or (max_seq_len > PARTITION_SIZE and num_seqs * num_heads < 512)
+
+
+def paged_attention(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    max_seq_len: int,
+    scale: float,
+    alibi_slopes: torch.Tensor | None = None,
+    kv_cache_dtype: str = "auto",
+    k_scale: float | torch.Tensor = 1.0,
+    v_scale: float | torch.Tensor = 1.0,
+    out: torch.Tensor | None = None,
+    version: str = "auto",
+) -> torch.Tensor:
+    """Attention of one query token per sequence ([num_seqs, num_heads, head_size]) over its
+    cached tokens. version: "v1" (one pass), "v2" (split into PARTITION_SIZE-token partitions,
+    then reduced) or "auto"."""
+    load("_C")
+    num_seqs, num_heads, head_size = query.shape
+    out = torch.empty_like(query) if out is None else out
+    args = (
+        query,
+        key_cache,
+        value_cache,
+        key_cache.shape[1],
+        scale,
+        block_tables,
+        seq_lens,
+        value_cache.shape[3],
+        max_seq_len,
+        alibi_slopes,
+        kv_cache_dtype,
+        _scale_tensor(k_scale, query.device),
+        _scale_tensor(v_scale, query.device),
+    )
+    if _use_v2(version, max_seq_len, num_seqs, num_heads):
+        scratch = v2_scratch(num_seqs, num_heads, head_size, max_seq_len, query.device)
+        torch.ops._C.paged_attention_v2(out, *scratch, *args)
+    else:
+        torch.ops._C.paged_attention_v1(out, *args)
+    return out
+
+
+def xl_paged_attention(
+    query: torch.Tensor,
+    pos_bias_u: torch.Tensor,
+    matrix_bd: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    max_seq_len: int,
+    scale: float,
+    kv_cache_dtype: str = "auto",
+    k_scale: float | torch.Tensor = 1.0,
+    v_scale: float | torch.Tensor = 1.0,
+    out: torch.Tensor | None = None,
+    version: str = "auto",
+) -> torch.Tensor:
+    """Transformer-XL decode attention: score_j = scale * (q + pos_bias_u) . k_j +
+    matrix_bd[s, h, j] (matrix_bd: [num_seqs, num_heads, >= max_seq_len])."""
+    load("_C")
+    num_seqs, num_heads, head_size = query.shape
+    out = torch.empty_like(query) if out is None else out
+    args = (
+        query,
+        pos_bias_u,
+        matrix_bd,
+        key_cache,
+        value_cache,
+        key_cache.shape[1],
+        scale,
+        block_tables,
+        seq_lens,
+        value_cache.shape[3],
+        max_seq_len,
+        kv_cache_dtype,
+        _scale_tensor(k_scale, query.device),
+        _scale_tensor(v_scale, query.device),
+    )
+    if _use_v2(version, max_seq_len, num_seqs, num_heads):
+        scratch = v2_scratch(num_seqs, num_heads, head_size, max_seq_len, query.device)
+        torch.ops._C.xl_paged_attention_v2(out, *scratch, *args)
+    else:
+        torch.ops._C.xl_paged_attention_v1(out, *args)
+    return out
+
+
+# ------------------------------------------------------------------------------------------
+# fp32 reference: gathers each sequence's keys and values out of the paged cache and runs
+# plain softmax attention on them. Written independently of the kernels.
+
+
+def e4m3_to_float(raw: torch.Tensor) -> torch.Tensor:
+    """The value of E4M3 ("e4m3fn") bytes as float32, decoded bit by bit (no torch fp8 type)."""
+    b = raw.view(torch.uint8).to(torch.int32)
+    sign = torch.where(b >= 128, -1.0, 1.0)
+    exp = (b >> 3) & 0xF
+    man = (b & 0x7).float()
+    normal = (1.0 + man / 8.0) * torch.pow(2.0, (exp - 7).float())
+    subnormal = man / 8.0 * 2.0**-6
+    value = sign * torch.where(exp == 0, subnormal, normal)
+    return torch.where((exp == 0xF) & ((b & 0x7) == 0x7), float("nan"), value)
+
+
+def gather_kv(
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_len: int,
+    kv_cache_dtype: str = "auto",
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One sequence's keys and values as float32 [seq_len, num_kv_heads, head_size]."""
+    num_kv_heads, head_size, block_size = value_cache.shape[1:]
+    blocks = block_table[: (seq_len + block_size - 1) // block_size].long()
+    # key_cache[b, h, c, t, i] holds dim c * x + i of token t: move t next to b, merge (c, i).
+    k = key_cache[blocks].permute(0, 3, 1, 2, 4).reshape(-1, num_kv_heads, head_size)[:seq_len]
+    # value_cache[b, h, d, t]: move t next to b.
+    v = value_cache[blocks].permute(0, 3, 1, 2).reshape(-1, num_kv_heads, head_size)[:seq_len]
+    if kv_cache_dtype == "auto":
+        return k.float(), v.float()
+    return e4m3_to_float(k) * k_scale, e4m3_to_float(v) * v_scale
+
+
+def paged_attention_ref(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    alibi_slopes: torch.Tensor | None = None,
+    kv_cache_dtype: str = "auto",
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+    pos_bias_u: torch.Tensor | None = None,
+    matrix_bd: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """fp32 decode attention, one sequence at a time, in the query's dtype."""
+    num_seqs, num_heads, head_size = query.shape
+    num_kv_heads = value_cache.shape[1]
+    group = num_heads // num_kv_heads
+    out = torch.zeros(num_seqs, num_heads, head_size, dtype=torch.float32, device=query.device)
+    for s in range(num_seqs):
+        n = int(seq_lens[s])
+        if n == 0:
+            continue
+        k, v = gather_kv(
+            key_cache, value_cache, block_tables[s], n, kv_cache_dtype, k_scale, v_scale
+        )
+        k = k.repeat_interleave(group, dim=1)  # [n, num_heads, d]
+        v = v.repeat_interleave(group, dim=1)
+        q = query[s].float()
+        if pos_bias_u is not None:
+            q = q + pos_bias_u[s].float()
+        scores = scale * torch.einsum("hd,nhd->hn", q, k)  # [num_heads, n]
+        if alibi_slopes is not None:
+            positions = torch.arange(n, device=query.device) - (n - 1)
+            scores = scores + alibi_slopes.float()[:, None] * positions[None, :]
+        if matrix_bd is not None:
+            scores = scores + matrix_bd[s, :, :n].float()
+        probs = torch.softmax(scores, dim=-1)
+        out[s] = torch.einsum("hn,nhd->hd", probs, v)
+    return out.to(query.dtype)

@@ -1,0 +1,536 @@
+"""paged_attention_v1/v2 and xl_paged_attention_v1/v2 against the fp32 reference.
+
+The paged caches are written here by a plain-torch per-token writer (not by the cache family's
+ops), into caches poisoned with NaN, with shuffled block tables whose unused entries point far
+outside the cache: a kernel that reads a slot or a block it should not will fail."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import aphrodite_ext
+from aphrodite_ext.ops.paged_attention import (
+    PARTITION_SIZE,
+    paged_attention,
+    paged_attention_ref,
+    v2_scratch,
+    xl_paged_attention,
+)
+
+TOL = {torch.float32: (1e-4, 1e-4), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}
+HEAD_SIZES = [64, 80, 96, 112, 128, 192, 256]
+BLOCK_SIZES = [8, 16, 32]
+# (num_heads, num_kv_heads): MHA, GQA 4, GQA 8, MQA.
+GROUPS = [(4, 4), (8, 2), (16, 2), (6, 1)]
+# Lengths of one batch: a single token, an empty sequence, not multiples of any block size,
+# more than one v2 partition.
+SEQ_LENS = [1, 0, 7, 83, 517, 1100]
+UNUSED_BLOCK = 2**30  # the unused tail of each block table: never a valid block
+
+
+@pytest.fixture(autouse=True)
+def _load():
+    aphrodite_ext.load("_C")
+
+
+def fp8_bytes(x: torch.Tensor, scale: float) -> torch.Tensor:
+    """x / scale as E4M3 bytes (torch's own rounding, independent of the kernels)."""
+    return (x.float() / scale).clamp(-448, 448).to(torch.float8_e4m3fn).view(torch.uint8)
+
+
+class Batch:
+    """Random keys and values for each sequence, written into fresh paged caches."""
+
+    def __init__(
+        self,
+        seq_lens,
+        num_heads,
+        num_kv_heads,
+        head_size,
+        block_size,
+        dtype,
+        device,
+        kv_cache_dtype="auto",
+        spare_blocks=5,
+        spare_columns=3,
+        padded_heads=0,
+    ):
+        self.seq_lens_list = list(seq_lens)
+        self.max_seq_len = max(1, max(seq_lens))
+        self.num_kv_heads, self.block_size = num_kv_heads, block_size
+        self.kv_cache_dtype = kv_cache_dtype
+        self.k_scale, self.v_scale = (0.03, 0.02) if kv_cache_dtype != "auto" else (1.0, 1.0)
+        n = len(seq_lens)
+        blocks_per_seq = [math.ceil(s / block_size) for s in seq_lens]
+        num_blocks = sum(blocks_per_seq) + spare_blocks
+        cache_dtype = torch.uint8 if kv_cache_dtype != "auto" else dtype
+        x = 16 // torch.empty((), dtype=cache_dtype).element_size()
+        # The caches, NaN everywhere nothing is written (0x7f is an E4M3 NaN). padded_heads
+        # makes the block stride larger than num_kv_heads * head_size * block_size.
+        kv_alloc = num_kv_heads + padded_heads
+        kshape = (num_blocks, kv_alloc, head_size // x, block_size, x)
+        vshape = (num_blocks, kv_alloc, head_size, block_size)
+        nan = 0x7F if kv_cache_dtype != "auto" else float("nan")
+        self.key_cache = torch.full(kshape, nan, dtype=cache_dtype, device=device)
+        self.value_cache = torch.full(vshape, nan, dtype=cache_dtype, device=device)
+        self.key_cache = self.key_cache[:, :num_kv_heads]
+        self.value_cache = self.value_cache[:, :num_kv_heads]
+        # Shuffled block tables; unused entries hold an id far outside the cache.
+        order = torch.randperm(num_blocks)
+        cols = max(blocks_per_seq) + spare_columns
+        table = torch.full((n, cols), UNUSED_BLOCK, dtype=torch.int32)
+        used = 0
+        for s, nb in enumerate(blocks_per_seq):
+            table[s, :nb] = order[used : used + nb].int()
+            used += nb
+        self.block_tables = table.to(device)
+        self.seq_lens = torch.tensor(seq_lens, dtype=torch.int32, device=device)
+        self.keys, self.values = [], []
+        for s, length in enumerate(seq_lens):
+            k = torch.randn(length, num_kv_heads, head_size, device=device).to(dtype)
+            v = torch.randn(length, num_kv_heads, head_size, device=device).to(dtype)
+            self.keys.append(k)
+            self.values.append(v)
+            self._write(table[s], k, v, x)
+        self.query = torch.randn(n, num_heads, head_size, device=device).to(dtype)
+        self.scale = head_size**-0.5
+
+    def _write(self, table_row, k, v, x):
+        """Token j of the sequence goes to block table_row[j // block_size], slot j % block_size;
+        within the key block, element d of a head lives at [d // x, slot, d % x]."""
+        length, num_kv_heads, head_size = k.shape
+        if length == 0:
+            return
+        j = torch.arange(length)
+        blocks = table_row[j // self.block_size].long().to(k.device)
+        slots = (j % self.block_size).to(k.device)
+        if self.kv_cache_dtype != "auto":
+            k, v = fp8_bytes(k, self.k_scale), fp8_bytes(v, self.v_scale)
+        self.key_cache[blocks, :, :, slots, :] = k.reshape(length, num_kv_heads, head_size // x, x)
+        self.value_cache[blocks, :, :, slots] = v
+
+    def ref(self, alibi_slopes=None, pos_bias_u=None, matrix_bd=None):
+        return paged_attention_ref(
+            self.query,
+            self.key_cache,
+            self.value_cache,
+            self.block_tables,
+            self.seq_lens,
+            self.scale,
+            alibi_slopes,
+            self.kv_cache_dtype,
+            self.k_scale,
+            self.v_scale,
+            pos_bias_u,
+            matrix_bd,
+        )
+
+    def run(self, version, alibi_slopes=None, query=None, out=None):
+        query = self.query if query is None else query
+        out = torch.full_like(self.query, float("nan")) if out is None else out
+        return paged_attention(
+            query,
+            self.key_cache,
+            self.value_cache,
+            self.block_tables,
+            self.seq_lens,
+            self.max_seq_len,
+            self.scale,
+            alibi_slopes,
+            self.kv_cache_dtype,
+            self.k_scale,
+            self.v_scale,
+            out=out,
+            version=version,
+        )
+
+
+def check(out, ref, dtype):
+    atol, rtol = TOL[dtype]
+    torch.testing.assert_close(out, ref, atol=atol, rtol=rtol)
+
+
+def test_reference_matches_sdpa(device):
+    """The reference (gathering from the paged cache) against SDPA on the unpaged tensors."""
+    b = Batch([5, 40, 33], 8, 2, 64, 16, torch.float32, device)
+    ref = b.ref()
+    for s in range(len(b.seq_lens_list)):
+        k = b.keys[s].repeat_interleave(4, dim=1).transpose(0, 1)  # [heads, n, d]
+        v = b.values[s].repeat_interleave(4, dim=1).transpose(0, 1)
+        q = b.query[s][:, None, :]  # [heads, 1, d]
+        expected = F.scaled_dot_product_attention(q, k, v, scale=b.scale)[:, 0]
+        torch.testing.assert_close(ref[s], expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+@pytest.mark.parametrize("dtype", list(TOL))
+@pytest.mark.parametrize("head_size", HEAD_SIZES)
+def test_head_sizes(device, version, dtype, head_size):
+    b = Batch(SEQ_LENS, 8, 2, head_size, 16, dtype, device)
+    check(b.run(version), b.ref(), dtype)
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+@pytest.mark.parametrize("groups", GROUPS)
+@pytest.mark.parametrize("block_size", BLOCK_SIZES)
+def test_block_sizes_and_groups(device, version, groups, block_size):
+    dtype = torch.bfloat16
+    b = Batch(SEQ_LENS, *groups, 128, block_size, dtype, device)
+    check(b.run(version), b.ref(), dtype)
+
+
+def test_empty_sequences_give_zeros(device):
+    b = Batch([0, 3, 0], 4, 4, 64, 8, torch.float16, device)
+    for version in ["v1", "v2"]:
+        out = b.run(version)
+        assert torch.equal(out[0], torch.zeros_like(out[0]))
+        assert torch.equal(out[2], torch.zeros_like(out[2]))
+        check(out, b.ref(), torch.float16)
+
+
+@pytest.mark.parametrize("dtype", list(TOL))
+def test_long_sequence_v1_equals_v2(device, dtype):
+    b = Batch([5000, 1, 1536], 8, 2, 128, 16, dtype, device)
+    ref = b.ref()
+    v1, v2 = b.run("v1"), b.run("v2")
+    check(v1, ref, dtype)
+    check(v2, ref, dtype)
+    check(v1, v2, dtype)
+
+
+def test_very_long_sequence_v2(device):
+    if device == "cpu":
+        pytest.skip("65536 tokens: GPU only (the reference is slow on the CPU)")
+    b = Batch([65536, 3], 8, 1, 128, 16, torch.bfloat16, device)
+    check(b.run("v2"), b.ref(), torch.bfloat16)
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+@pytest.mark.parametrize("dtype", list(TOL))
+def test_alibi(device, version, dtype):
+    b = Batch(SEQ_LENS, 8, 4, 96, 16, dtype, device)
+    slopes = torch.tensor([2.0 ** (-(i + 1)) for i in range(8)], device=device)
+    check(b.run(version, alibi_slopes=slopes), b.ref(alibi_slopes=slopes), dtype)
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["fp8", "fp8_e4m3"])
+@pytest.mark.parametrize("version", ["v1", "v2"])
+@pytest.mark.parametrize("dtype", list(TOL))
+@pytest.mark.parametrize("block_size", BLOCK_SIZES)
+def test_fp8_cache(device, kv_cache_dtype, version, dtype, block_size):
+    b = Batch(SEQ_LENS, 8, 2, 128, block_size, dtype, device, kv_cache_dtype=kv_cache_dtype)
+    check(b.run(version), b.ref(), dtype)
+
+
+def test_fp8_cache_as_float8_tensor(device):
+    b = Batch([33, 600], 4, 2, 64, 16, torch.float16, device, kv_cache_dtype="fp8")
+    ref = b.ref()
+    b.key_cache = b.key_cache.view(torch.float8_e4m3fn)
+    b.value_cache = b.value_cache.view(torch.float8_e4m3fn)
+    check(b.run("v1"), ref, torch.float16)
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_strided_query_and_cache(device, version):
+    """query sliced out of a packed qkv tensor; caches whose block stride has spare heads."""
+    dtype = torch.float16
+    b = Batch(SEQ_LENS, 8, 2, 80, 16, dtype, device, padded_heads=3)
+    qkv = torch.randn(len(SEQ_LENS), 8 + 2 * 2, 80, device=device).to(dtype)
+    query = qkv[:, :8]
+    b.query = query.clone()
+    assert not query.is_contiguous()
+    check(b.run(version, query=query), b.ref(), dtype)
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+@pytest.mark.parametrize("dtype", list(TOL))
+def test_xl(device, version, dtype):
+    seq_lens = [9, 1, 0, 700, 1300]
+    b = Batch(seq_lens, 8, 2, 64, 16, dtype, device)
+    u = torch.randn_like(b.query)
+    width = b.max_seq_len + 37  # wider than max_seq_len
+    bd = torch.randn(len(seq_lens), 8, width, device=device).to(dtype)
+    for s, length in enumerate(seq_lens):
+        bd[s, :, length:] = float("nan")  # a sequence reads only its first seq_len entries
+    out = torch.full_like(b.query, float("nan"))
+    xl_paged_attention(
+        b.query,
+        u,
+        bd,
+        b.key_cache,
+        b.value_cache,
+        b.block_tables,
+        b.seq_lens,
+        b.max_seq_len,
+        b.scale,
+        out=out,
+        version=version,
+    )
+    check(out, b.ref(pos_bias_u=u, matrix_bd=bd), dtype)
+
+
+def test_xl_fp8(device):
+    b = Batch([17, 530], 4, 1, 128, 32, torch.bfloat16, device, kv_cache_dtype="fp8")
+    u = torch.randn_like(b.query)
+    bd = torch.randn(2, 4, b.max_seq_len, device=device).to(torch.bfloat16)
+    for version in ["v1", "v2"]:
+        out = xl_paged_attention(
+            b.query,
+            u,
+            bd,
+            b.key_cache,
+            b.value_cache,
+            b.block_tables,
+            b.seq_lens,
+            b.max_seq_len,
+            b.scale,
+            "fp8",
+            b.k_scale,
+            b.v_scale,
+            version=version,
+        )
+        check(out, b.ref(pos_bias_u=u, matrix_bd=bd), torch.bfloat16)
+
+
+# ------------------------------------------------------------------------------------------
+# Bad inputs: each check of the binding, through the raw v1 op (v2 and XL share them).
+
+
+def _v1_args(device):
+    b = Batch([5, 20], 8, 2, 64, 16, torch.float16, device)
+    one = torch.ones(1, device=device)
+    return dict(
+        out=torch.empty_like(b.query),
+        query=b.query,
+        key_cache=b.key_cache,
+        value_cache=b.value_cache,
+        num_kv_heads=2,
+        scale=0.125,
+        block_tables=b.block_tables,
+        seq_lens=b.seq_lens,
+        block_size=16,
+        max_seq_len=20,
+        alibi_slopes=None,
+        kv_cache_dtype="auto",
+        k_scale=one,
+        v_scale=one,
+    )
+
+
+def _with(**changes):
+    return lambda a: {**a, **{k: (f(a) if callable(f) else f) for k, f in changes.items()}}
+
+
+BAD_V1 = [
+    (_with(query=lambda a: a["query"][0]), r"query must be \[num_seqs, num_heads, head_size\]"),
+    (_with(query=lambda a: a["query"].double()), "float32, float16 or bfloat16"),
+    (_with(query=lambda a: a["query"][..., :48]), "head_size must be one of"),
+    (_with(block_size=64), "block_size must be 8, 16 or 32"),
+    (_with(num_kv_heads=3), r"must be a multiple of num_kv_heads \(3\)"),
+    (_with(max_seq_len=0), "max_seq_len must be >= 1"),
+    (_with(scale=float("inf")), "scale must be finite"),
+    (_with(out=lambda a: a["out"][:1]), "out must have the shape of query"),
+    (_with(out=lambda a: a["out"].float()), "out must be"),
+    (_with(kv_cache_dtype="fp8_e5m2"), "kv_cache_dtype must be"),
+    (_with(key_cache=lambda a: a["key_cache"].float()), "key_cache must have the query's dtype"),
+    (_with(kv_cache_dtype="fp8"), "key_cache must be uint8 or float8_e4m3fn"),
+    (
+        _with(key_cache=lambda a: a["key_cache"].reshape(a["key_cache"].shape[0], 2, 16, 16, 4)),
+        r"key_cache must be \[num_blocks, num_kv_heads=2, head_size/x=8, block_size=16, x=8\]",
+    ),
+    (
+        _with(value_cache=lambda a: a["value_cache"].transpose(2, 3)),
+        r"value_cache must be \[num_blocks=",
+    ),
+    (_with(num_kv_heads=4), r"key_cache must be \[num_blocks, num_kv_heads=4"),
+    (
+        _with(key_cache=lambda a: a["key_cache"].transpose(3, 4).contiguous().transpose(3, 4)),
+        "key_cache must be contiguous within each",
+    ),
+    (
+        _with(value_cache=lambda a: a["value_cache"].transpose(2, 3).contiguous().transpose(2, 3)),
+        "value_cache must be contiguous within each",
+    ),
+    (
+        _with(key_cache=lambda a: torch.cat([a["key_cache"]] * 2, dim=1)[:, :2]),
+        "same block and head strides",
+    ),
+    (_with(k_scale=lambda a: torch.ones(2, device=a["query"].device)), "k_scale must hold one"),
+    (_with(v_scale=lambda a: a["v_scale"].half()), "v_scale must be"),
+    (_with(block_tables=lambda a: a["block_tables"].long()), "block_tables must be"),
+    (_with(block_tables=lambda a: a["block_tables"][0]), r"block_tables must be int32 \[num_seqs"),
+    (_with(seq_lens=lambda a: a["seq_lens"].long()), "seq_lens must be"),
+    (_with(seq_lens=lambda a: a["seq_lens"][:1]), r"seq_lens must be int32 \[num_seqs=2\]"),
+    (
+        _with(alibi_slopes=lambda a: torch.ones(4, device=a["query"].device)),
+        r"alibi_slopes must be float32 \[num_heads=8\]",
+    ),
+    (
+        _with(alibi_slopes=lambda a: torch.ones(8, device=a["query"].device).half()),
+        "alibi_slopes must be",
+    ),
+]
+
+BAD_V1_CPU_ONLY = [  # the CPU path reads the indices; the GPU path trusts them
+    (_with(max_seq_len=19), r"seq_lens\[1\] = 20 is outside \[0, max_seq_len=19\]"),
+    (
+        _with(block_tables=lambda a: a["block_tables"][:, :1]),
+        r"seq_lens\[1\] = 20 needs 2 blocks but block_tables has 1 columns",
+    ),
+    (
+        _with(block_tables=lambda a: a["block_tables"].clone().fill_(-1)),
+        r"block_tables\[0, 0\] = -1 is outside the cache",
+    ),
+]
+
+
+@pytest.mark.parametrize("bad, match", BAD_V1 + BAD_V1_CPU_ONLY)
+def test_rejects_bad_input(device, bad, match):
+    if (bad, match) in BAD_V1_CPU_ONLY and device != "cpu":
+        pytest.skip("index checks are CPU only")
+    with pytest.raises(RuntimeError, match=match):
+        torch.ops._C.paged_attention_v1(**bad(_v1_args(device)))
+
+
+def test_rejects_other_device(device):
+    if device == "cpu":
+        pytest.skip("needs a second device")
+    a = _v1_args(device)
+    a["seq_lens"] = a["seq_lens"].cpu()
+    with pytest.raises(RuntimeError, match="seq_lens is on cpu"):
+        torch.ops._C.paged_attention_v1(**a)
+
+
+@pytest.mark.parametrize(
+    "sparse",
+    [
+        dict(blocksparse_local_blocks=2),
+        dict(blocksparse_vert_stride=4),
+        dict(blocksparse_head_sliding_step=1),
+    ],
+)
+def test_rejects_block_sparse(device, sparse):
+    with pytest.raises(RuntimeError, match="block-sparse attention is not supported"):
+        torch.ops._C.paged_attention_v1(**_v1_args(device), tp_rank=0, **sparse)
+
+
+def _v2_args(device, max_seq_len=600):
+    a = _v1_args(device)
+    a["max_seq_len"] = max_seq_len
+    exp_sums, max_logits, tmp_out = v2_scratch(2, 8, 64, max_seq_len, device)
+    return dict(out=a.pop("out"), exp_sums=exp_sums, max_logits=max_logits, tmp_out=tmp_out, **a)
+
+
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        (_with(tmp_out=lambda a: a["tmp_out"][:, :, :1]), r"needs ceil\(max_seq_len / 512\) = 2"),
+        (_with(exp_sums=lambda a: a["exp_sums"][:, :, :1]), r"needs ceil\(max_seq_len / 512\)"),
+        (_with(max_logits=lambda a: a["max_logits"].half()), "max_logits must be"),
+        (_with(tmp_out=lambda a: a["tmp_out"][..., :32]), r"tmp_out must be float32 \[num_seqs"),
+        (
+            _with(max_logits=lambda a: torch.empty(2, 8, 3, device=a["query"].device)),
+            "max_logits must have tmp_out's 2 partitions",
+        ),
+        (
+            _with(tmp_out=lambda a: a["tmp_out"].transpose(0, 1).contiguous().transpose(0, 1)),
+            "tmp_out must be contiguous",
+        ),
+    ],
+)
+def test_rejects_bad_v2_scratch(device, bad, match):
+    with pytest.raises(RuntimeError, match=match):
+        torch.ops._C.paged_attention_v2(**bad(_v2_args(device)))
+
+
+def test_v2_accepts_extra_partitions(device):
+    b = Batch([700, 3], 8, 2, 64, 16, torch.float32, device)
+    a = _v2_args(device, b.max_seq_len)
+    a.update(
+        query=b.query,
+        key_cache=b.key_cache,
+        value_cache=b.value_cache,
+        block_tables=b.block_tables,
+        seq_lens=b.seq_lens,
+        scale=b.scale,
+    )
+    exp_sums, max_logits, tmp_out = v2_scratch(2, 8, 64, 5 * PARTITION_SIZE, device)
+    a.update(exp_sums=exp_sums, max_logits=max_logits, tmp_out=tmp_out)
+    a["out"] = torch.full_like(b.query, float("nan"))
+    torch.ops._C.paged_attention_v2(**a)
+    check(a["out"], b.ref(), torch.float32)
+
+
+def _xl_args(device):
+    a = _v1_args(device)
+    a.pop("alibi_slopes")
+    q = a["query"]
+    return dict(
+        out=a.pop("out"),
+        query=a.pop("query"),
+        pos_bias_u=torch.randn_like(q),
+        matrix_bd=torch.randn(2, 8, 20, device=device).half(),
+        **a,
+    )
+
+
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        (_with(pos_bias_u=lambda a: a["pos_bias_u"][:, :4]), "pos_bias_u must have the shape"),
+        (_with(pos_bias_u=lambda a: a["pos_bias_u"].float()), "pos_bias_u must be"),
+        (
+            _with(matrix_bd=lambda a: a["matrix_bd"][..., :19]),
+            r"matrix_bd must be \[num_seqs=2, num_heads=8, >= max_seq_len=20\]",
+        ),
+        (_with(matrix_bd=lambda a: a["matrix_bd"].float()), "matrix_bd must be"),
+        (
+            _with(matrix_bd=lambda a: a["matrix_bd"].transpose(1, 2).contiguous().transpose(1, 2)),
+            "matrix_bd must be contiguous in its last dimension",
+        ),
+    ],
+)
+def test_xl_rejects_bad_input(device, bad, match):
+    with pytest.raises(RuntimeError, match=match):
+        torch.ops._C.xl_paged_attention_v1(**bad(_xl_args(device)))
+
+
+# ------------------------------------------------------------------------------------------
+# Registration: opcheck and torch.compile.
+
+
+def test_opcheck(device):
+    a = _v1_args(device)
+    slopes = torch.rand(8, device=device)
+    torch.library.opcheck(
+        torch.ops._C.paged_attention_v1.default, (), {**a, "alibi_slopes": slopes}
+    )
+    torch.library.opcheck(torch.ops._C.paged_attention_v2.default, (), _v2_args(device))
+    x = _xl_args(device)
+    torch.library.opcheck(torch.ops._C.xl_paged_attention_v1.default, (), x)
+    out = x.pop("out")
+    exp_sums, max_logits, tmp_out = v2_scratch(2, 8, 64, 20, device)
+    torch.library.opcheck(
+        torch.ops._C.xl_paged_attention_v2.default,
+        (),
+        dict(out=out, exp_sums=exp_sums, max_logits=max_logits, tmp_out=tmp_out, **x),
+    )
+
+
+def test_torch_compile(device):
+    b = Batch([37, 600, 5], 8, 2, 128, 16, torch.bfloat16, device)
+    one = torch.ones(1, device=device)
+
+    def f(query, key_cache, value_cache, block_tables, seq_lens):
+        out = torch.empty_like(query)
+        torch.ops._C.paged_attention_v1(
+            out, query, key_cache, value_cache, 2, b.scale, block_tables, seq_lens, 16,
+            b.max_seq_len, None, "auto", one, one,
+        )  # fmt: skip
+        return out * 2
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    out = compiled(b.query, b.key_cache, b.value_cache, b.block_tables, b.seq_lens)
+    check(out, b.ref() * 2, torch.bfloat16)
