@@ -12,34 +12,28 @@ from .fp8_quant import (
 from .layernorm import fused_add_rms_norm, rms_norm
 from .moe_align import moe_align_block_size
 from .moe_sum import moe_sum
+from .paged_attention import PARTITION_SIZE, paged_attention, xl_paged_attention
 from .rotary import rotary_embedding
 from .topk_softmax import topk_softmax
 
 __all__ = [
+    "PARTITION_SIZE",
     "copy_blocks",
+    "dynamic_per_token_scaled_fp8_quant",
+    "dynamic_scaled_fp8_quant",
     "fused_add_rms_norm",
     "gelu_and_mul",
     "gelu_tanh_and_mul",
     "moe_align_block_size",
     "moe_sum",
+    "paged_attention",
     "reshape_and_cache",
     "reshape_and_cache_flash",
-from .paged_attention import PARTITION_SIZE, paged_attention, xl_paged_attention
-from .topk_softmax import topk_softmax
-
-__all__ = [
-    "PARTITION_SIZE",
-    "fused_add_rms_norm",
-    "gelu_and_mul",
-    "gelu_tanh_and_mul",
-    "paged_attention",
     "rms_norm",
+    "rotary_embedding",
     "silu_and_mul",
+    "static_scaled_fp8_quant",
     "swap_blocks",
     "topk_softmax",
-    "rotary_embedding",
-    "static_scaled_fp8_quant",
-    "dynamic_scaled_fp8_quant",
-    "dynamic_per_token_scaled_fp8_quant",
     "xl_paged_attention",
 ]
