@@ -8,6 +8,7 @@
 
 #include "activation/activation.h"
 #include "layernorm/layernorm.h"
+#include "marlin/marlin.h"
 #include "moe/topk_softmax.h"
 
 #define APHRODITE_DECLARE_CPU_KERNELS(isa)                                                      \
@@ -18,6 +19,7 @@
   void fused_add_rms_norm(const layernorm::FusedAddRmsNormProblem& p, int64_t row_begin,       \
                           int64_t row_end);                                                     \
   void topk_softmax(const moe::TopkSoftmaxProblem& p, int64_t row_begin, int64_t row_end);     \
+  void marlin_repack(const marlin::RepackProblem& p, int64_t word_begin, int64_t word_end);     \
   }
 
 APHRODITE_DECLARE_CPU_KERNELS(scalar)
