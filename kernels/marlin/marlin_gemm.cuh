@@ -15,6 +15,7 @@
 // Torch-free; sm_80 and newer (mma.sync bf16, cp.async, ldmatrix).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 
 #include "common/gpu.h"
@@ -57,20 +58,24 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
   const int src_bytes = valid ? 16 : 0;
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
-               "r"(src_bytes));
+               "r"(src_bytes)
+               : "memory");
 }
 
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
 
 template <int kPending>
 __device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p)));
+               : "r"(smem_addr(p))
+               : "memory");
 }
 
 /// (a & b) | c in one instruction.
@@ -374,10 +379,19 @@ template <typename T, WeightType kWeight, bool kGrouped, int kMTiles, int kMWarp
 gpuError_t launch_gemm_instance(const GemmProblem& p, int splits, gpuStream_t stream) {
   using C = Config<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps>;
   auto kernel = gemm_kernel<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps>;
-  // Set on every call: cheap, and correct for whichever device is current.
-  gpuError_t err =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
+  // The shared-memory opt-in is a per-device attribute of the kernel: set it once per device
+  // (a repeat from a racing thread is harmless), not on every decode step.
+  constexpr int kMaxDevices = 64;
+  static std::atomic<bool> configured[kMaxDevices];
+  int device = 0;
+  gpuError_t err = cudaGetDevice(&device);
   if (err != gpuSuccess) return err;
+  if (device >= kMaxDevices || !configured[device].load(std::memory_order_relaxed)) {
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               C::kSmemBytes);
+    if (err != gpuSuccess) return err;
+    if (device < kMaxDevices) configured[device].store(true, std::memory_order_relaxed);
+  }
   const dim3 grid(static_cast<unsigned>((p.n + C::kBlockN - 1) / C::kBlockN),
                   static_cast<unsigned>((p.m + C::kBlockM - 1) / C::kBlockM),
                   static_cast<unsigned>(splits));

@@ -5,6 +5,8 @@
 
 #include <ATen/ATen.h>
 
+#include <atomic>
+
 #include "common/torch_binding.h"
 #if defined(APHRODITE_BACKEND_CPU) && APHRODITE_FAMILY_BUILT
 #include <ATen/Parallel.h>
@@ -221,9 +223,15 @@ at::Tensor gptq_marlin_gemm(const at::Tensor& a, const std::optional<at::Tensor>
   if (size_m == 0) return out;
 
   const c10::cuda::OptionalCUDAGuard guard(a.device());
-  int sm_count = 0;
-  check_launch(op, cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount,
-                                          a.device().index()));
+  // SM count per device, asked once (the split heuristic needs it on every call).
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> sm_counts[kMaxDevices];
+  const int device = a.device().index();
+  int sm_count = device < kMaxDevices ? sm_counts[device].load(std::memory_order_relaxed) : 0;
+  if (sm_count == 0) {
+    check_launch(op, cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device));
+    if (device < kMaxDevices) sm_counts[device].store(sm_count, std::memory_order_relaxed);
+  }
   marlin::GemmProblem p{};
   p.out = out.data_ptr();
   p.a = a_in.data_ptr();

@@ -2,6 +2,11 @@
 layout (on every device the build serves, the CPU included); the GEMM (CUDA only) against the
 fp32 reference a @ dequant(w), by norm-wise relative error."""
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -322,3 +327,34 @@ def test_gemm_compile(device):
     args = gemm_args(device)
     fn = torch.compile(lambda *xs: torch.ops._C.gptq_marlin_gemm(*xs), fullgraph=True)
     torch.testing.assert_close(fn(*args), torch.ops._C.gptq_marlin_gemm(*args), atol=0, rtol=0)
+
+
+# --- codegen (no device needed) -------------------------------------------------------------
+
+
+def run_generator(tmp_path, *options):
+    gen = Path(__file__).resolve().parents[2] / "codegen" / "marlin.py"
+    cmd = [sys.executable, str(gen), "--out-dir", str(tmp_path / "o"), "--archs", "9.0a"]
+    for opt in options:
+        cmd += ["--option", opt]
+    proc = subprocess.run(cmd + ["--describe"], capture_output=True, text=True)
+    return proc, json.loads
+
+
+def test_codegen_grid_and_narrowing(tmp_path):
+    proc, loads = run_generator(tmp_path)
+    outputs = loads(proc.stdout)["outputs"]
+    # 2 dtypes x 2 weight types x 2 group modes x 4 block shapes, plus the dispatch table.
+    assert len(outputs) == 2 * 2 * 2 * 4 + 1 and "marlin_dispatch.cu" in outputs
+    assert "marlin_bf16_uint4_grouped_m16n256.cu" in outputs
+    proc, loads = run_generator(tmp_path, "dtypes=bf16", "groups=grouped")
+    narrowed = loads(proc.stdout)["outputs"]
+    assert len(narrowed) == 2 * 4 + 1
+    assert all("_f16_" not in o and "_channel_" not in o for o in narrowed)
+
+
+def test_codegen_rejects_bad_options(tmp_path):
+    proc, _ = run_generator(tmp_path, "groups=per_tensor")
+    assert proc.returncode != 0 and "grouped,channel" in proc.stderr
+    proc, _ = run_generator(tmp_path, "backend=rocm")
+    assert proc.returncode != 0 and "CUDA-only" in proc.stderr
