@@ -159,6 +159,7 @@ __global__ void __launch_bounds__(32 * kMWarps * kNWarps)
   const int64_t stage_end = num_stages * (split + 1) / splits;
   const int n_iters = static_cast<int>(stage_end - stage_begin);
   const int64_t num_groups = p.k / p.group_size;
+  const int group_tiles = static_cast<int>(p.group_size / kTileK);  // k steps per group
 
   const T* a = static_cast<const T*>(p.a);
   const T* scales = static_cast<const T*>(p.scales);
@@ -261,12 +262,15 @@ __global__ void __launch_bounds__(32 * kMWarps * kNWarps)
     const unsigned char* base = stage_ptr(slot);
     const T* sa = reinterpret_cast<const T*>(base);
     const int4* sb = reinterpret_cast<const int4*>(base + C::kABytes);
-    int64_t current_row = -1;
+    // The slice's k steps fall in at most two groups (group_size >= 32, a multiple of 16): row
+    // 0 or 1 of the slice's scales, found from the first step's offset in its group with one
+    // division per slice instead of two 64-bit ones per step.
+    const int offset_in_group = kGrouped ? static_cast<int>((stage * kKSteps) % group_tiles) : 0;
+    int current_row = -1;
 #pragma unroll
     for (int kk = 0; kk < kKSteps; ++kk) {
       if constexpr (kGrouped) {
-        const int64_t k_base = stage * kBlockK;
-        const int64_t r = (k_base + kk * kTileK) / p.group_size - k_base / p.group_size;
+        const int r = offset_in_group + kk >= group_tiles ? 1 : 0;
         if (r != current_row) {  // uniform over the block
           current_row = r;
           const T* ss = reinterpret_cast<const T*>(base + C::kABytes + C::kBBytes);
