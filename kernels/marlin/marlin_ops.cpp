@@ -110,7 +110,9 @@ at::Tensor gptq_marlin_gemm(const at::Tensor& a, const std::optional<at::Tensor>
   // in a fixed order.
   (void)use_atomic_add;
   (void)use_fp32_reduce;
-#if defined(APHRODITE_BACKEND_CPU)
+#if defined(APHRODITE_BACKEND_CPU) || !APHRODITE_FAMILY_BUILT
+  // On the CPU backend this is the registered CPU kernel; where the family was not built (ROCm,
+  // or no CUDA arch >= 8.0) it is never registered, and the op raises the family's status.
   TORCH_CHECK(false, op, " runs on CUDA only (tensor-core W4A16 GEMM): build aphrodite_ext with ",
               "APHRODITE_TARGET_DEVICE=cuda and pass CUDA tensors; on the CPU use "
               "aphrodite_ext.ops.marlin.gemm_ref");
