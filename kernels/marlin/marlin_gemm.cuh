@@ -2,8 +2,9 @@
 // launch_gemm_instance<> for one (activation dtype, weight type, group mode, block shape).
 //
 // Structure (one thread block = m_warps x n_warps warps; warp tile = 16*MT rows x 64 columns):
-//  - a 4-stage cp.async pipeline brings, per 64-deep k slice, the activations (row-major, 16-byte
-//    chunks XOR-swizzled by row so ldmatrix is conflict-free), the packed weight tiles (already in
+//  - a 4-stage cp.async pipeline (3 stages for the 128-row block, to fit 99 KiB of shared
+//    memory) brings, per 64-deep k slice, the activations (row-major, 16-byte chunks
+//    XOR-swizzled by row so ldmatrix is conflict-free), the packed weight tiles (already in
 //    fragment order, see marlin.h) and, for grouped scales, the <= 2 scale/zero rows the slice
 //    touches;
 //  - per 16-deep k step a warp loads A fragments with ldmatrix.x4, one 16-byte weight vector per
@@ -23,7 +24,10 @@
 
 namespace aphrodite::marlin::detail {
 
-constexpr int kStages = 4;
+constexpr int kMaxStages = 4;
+/// Dynamic shared memory a block may opt into on every target arch (sm_86, sm_89 and sm_120
+/// stop at 99 KiB; sm_80 and sm_90 allow more).
+constexpr int kSmemBudget = 96 * 1024;
 constexpr int kBlockK = 64;                  ///< k per pipeline stage
 constexpr int kKSteps = kBlockK / kTileK;    ///< mma k steps per stage
 
@@ -130,7 +134,10 @@ struct Config {
   static constexpr bool kZeros = kWeight == WeightType::kUint4;
   static constexpr int kZBytes = (kGrouped && kZeros) ? 2 * kBlockN / 2 : 0;  // 2 zero rows
   static constexpr int kStageBytes = kABytes + kBBytes + kSBytes + kZBytes;
+  /// 4 stages where they fit in kSmemBudget, else 3 (the 128-row block).
+  static constexpr int kStages = kMaxStages * kStageBytes <= kSmemBudget ? kMaxStages : 3;
   static constexpr int kSmemBytes = kStages * kStageBytes;
+  static_assert(kSmemBytes <= kSmemBudget, "a block shape's pipeline must fit every target arch");
   static_assert(kABytes % 16 == 0 && kBBytes % 16 == 0 && kSBytes % 16 == 0 &&
                     kZBytes % 16 == 0,
                 "stage parts must stay 16-byte aligned");
@@ -310,19 +317,19 @@ __global__ void __launch_bounds__(32 * kMWarps * kNWarps)
     }
   };
 
-  // The pipeline: kStages - 1 slices in flight while one is computed.
+  // The pipeline: C::kStages - 1 slices in flight while one is computed.
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
+  for (int s = 0; s < C::kStages - 1; ++s) {
     if (s < n_iters) load_stage(stage_begin + s, s);
     cp_async_commit();
   }
   for (int it = 0; it < n_iters; ++it) {
-    cp_async_wait<kStages - 2>();
-    __syncthreads();  // slice `it` is visible to all, and slot (it - 1) % kStages is free
-    const int next = it + kStages - 1;
-    if (next < n_iters) load_stage(stage_begin + next, next % kStages);
+    cp_async_wait<C::kStages - 2>();
+    __syncthreads();  // slice `it` is visible to all, and slot (it - 1) % C::kStages is free
+    const int next = it + C::kStages - 1;
+    if (next < n_iters) load_stage(stage_begin + next, next % C::kStages);
     cp_async_commit();
-    compute_stage(it % kStages, stage_begin + it);
+    compute_stage(it % C::kStages, stage_begin + it);
   }
   cp_async_wait<0>();
 
