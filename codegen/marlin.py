@@ -80,6 +80,15 @@ def grid(request: common.Request) -> list[tuple[DType, Weight, Group, Shape]]:
     ]
 
 
+def template_args(dtype: DType, weight: Weight, group: Group, shape: Shape) -> str:
+    """The template arguments of launch_gemm_instance<> for one grid point."""
+    grouped = "true" if group.grouped else "false"
+    return (
+        f"{dtype.cpp}, WeightType::{weight.enum}, {grouped}, "
+        f"{shape.m_tiles}, {shape.m_warps}, {shape.n_warps}"
+    )
+
+
 def render(request: common.Request) -> dict[str, str]:
     env = common.environment()
     instances = grid(request)
@@ -93,13 +102,14 @@ def render(request: common.Request) -> dict[str, str]:
             weight=weight,
             group=group,
             shape=shape,
+            args=template_args(dtype, weight, group, shape),
         )
     combos = sorted(
         {(d, w, g) for d, w, g, _ in instances}, key=lambda c: (c[0].name, c[1].name, c[2].name)
     )
     files["marlin_dispatch.cu"] = env.get_template(TEMPLATES[1]).render(
         banner=common.banner(Path(__file__), TEMPLATES[1]),
-        instances=instances,
+        instances=[(*i, template_args(*i)) for i in instances],
         combos=combos,
         shapes=[s for s in SHAPES if any(s == i[3] for i in instances)],
     )
