@@ -7,6 +7,12 @@ codes is 128 words at [kt, 128 * nt : 128 * (nt + 1)], word 4 * lane + w, nibble
     n = 64 * nt + 8 * (2 * w + (p & 1)) + lane // 4
     k = 16 * kt + 2 * (lane % 4) + ((p >> 2) & 1) + 8 * ((p >> 1) & 1)
 so that each lane's 16 bytes are its mma.sync B fragments for 8 n8 sub-tiles.
+
+Differences from vLLM's Marlin for engines that call these ops: the schemas match, but the packed
+weight is our layout (repack with the ops here, not vLLM's), b_scales are plain row-major
+[K / group, N] (no marlin_permute_scales), and AWQ zero points are plain-order 4-bit codes
+[K / group, N / 8] (awq_zeros_to_marlin converts AWQ's qzeros). The workspace holds split-K tile
+counters (zeros, left zeroed); vLLM's one-counter-per-SM workspace works and splits less.
 """
 
 from __future__ import annotations

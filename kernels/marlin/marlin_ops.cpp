@@ -1,6 +1,8 @@
 // Torch binding of the marlin family: the W4A16 GEMM and the repacks from GPTQ / AWQ checkpoints
 // into our tile layout (marlin/marlin.h). Schemas follow vLLM's; arguments we do not support
 // are rejected with a message. The repacks run on CPU and CUDA; the GEMM on CUDA only.
+// Unlike vLLM's Marlin, b_scales are plain row-major [K / group, N] and AWQ zero points plain
+// nibble order [K / group, N / 8] (aphrodite_ext.ops.marlin.awq_zeros_to_marlin).
 #include "marlin/marlin.h"
 
 #include <ATen/ATen.h>
