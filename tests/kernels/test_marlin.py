@@ -83,6 +83,57 @@ def test_layout_is_fragment_order(device):
                 assert (word >> (4 * (j + 4))) & 0xF == c[k + 1, n]
 
 
+def test_kernel_fragment_path_emulated(device):
+    # The GEMM kernel's index math for one warp and one k16 step, restated in Python and checked
+    # against the PTX ISA's m16n8k16 fragment definitions: A through the XOR-swizzled shared
+    # memory row and ldmatrix.x4, B through our packed layout and the (word >> 4j) & 0x000f000f
+    # nibble-pair extraction, paired into the mma's {b0b1, b2b3} registers as the kernel does.
+    k, n = 16, 64
+    codes = random_codes(k, n, device)
+    words = torch.ops._C.awq_marlin_repack(marlin.pack_awq(codes), k, n, 4).cpu().view(32, 4)
+    a = torch.randn(16, 16)
+    smem = torch.full((16 * 64,), float("nan"))  # one stage's A rows: 64 elements each
+    for row in range(16):
+        for chunk in range(2):
+            at = row * 64 + ((chunk ^ (row & 7)) * 8)
+            smem[at : at + 8] = a[row, chunk * 8 : chunk * 8 + 8]
+
+    def ldmatrix_address(lane):  # as compute_stage computes it for kk = 0, mi = 0, warp_m = 0
+        mat = lane // 8
+        row = lane % 8 + 8 * (mat & 1)
+        return row * 64 + (((mat >> 1) ^ (row & 7)) * 8)
+
+    a_frag = torch.empty(16, 16)
+    b_frag = torch.empty(8, 16, 8)  # [sub-tile, k, n]
+    for lane in range(32):
+        g, t = lane // 4, lane % 4
+        # ldmatrix.x4: register i of `lane` = row lane // 4 of matrix i, whose row r address
+        # came from lane 8i + r; elements 2 (lane % 4) and + 1.
+        regs = [smem[ldmatrix_address(8 * i + g) + 2 * t :][:2] for i in range(4)]
+        # PTX A fragment: a0a1 (g, 2t..), a2a3 (g + 8, 2t..), a4a5 (g, 2t + 8..), a6a7 (g + 8, ..)
+        a_frag[g, 2 * t : 2 * t + 2] = regs[0]
+        a_frag[g + 8, 2 * t : 2 * t + 2] = regs[1]
+        a_frag[g, 2 * t + 8 : 2 * t + 10] = regs[2]
+        a_frag[g + 8, 2 * t + 8 : 2 * t + 10] = regs[3]
+        for w in range(4):
+            word = int(words[lane, w]) & 0xFFFFFFFF
+            pairs = []
+            for j in range(4):
+                bits = (word >> (4 * j)) & 0x000F000F
+                pairs.append((bits & 0xF, bits >> 16))  # (low half, high half)
+            # mma for sub-tile 2w takes (b[0], b[2]); for 2w + 1, (b[1], b[3]).
+            for tile, (r0, r1) in (
+                (2 * w, (pairs[0], pairs[2])),
+                (2 * w + 1, (pairs[1], pairs[3])),
+            ):
+                # PTX B fragment: b0b1 (k = 2t, 2t + 1; n = g), b2b3 (k = 2t + 8, 2t + 9)
+                b_frag[tile, 2 * t, g], b_frag[tile, 2 * t + 1, g] = r0
+                b_frag[tile, 2 * t + 8, g], b_frag[tile, 2 * t + 9, g] = r1
+    assert torch.equal(a_frag, a)
+    b_full = b_frag.permute(1, 0, 2).reshape(16, 64)
+    assert torch.equal(b_full, codes.cpu().float())
+
+
 def test_awq_zero_points(device):
     codes = random_codes(3, 192, device)
     plain = marlin.awq_zeros_to_marlin(marlin.pack_awq(codes))
