@@ -134,6 +134,20 @@ def test_kernel_fragment_path_emulated(device):
     assert torch.equal(b_full, codes.cpu().float())
 
 
+@pytest.mark.parametrize(
+    "dtype, magic_bits, magic", [(torch.float16, 0x6400, 1024.0), (torch.bfloat16, 0x4300, 128.0)]
+)
+def test_dequant_magic_numbers(dtype, magic_bits, magic):
+    # The kernel ORs a 4-bit code into the mantissa of `magic` (marlin_gemm.cuh Traits) and
+    # subtracts magic + zero: both steps must be exact in the activation dtype.
+    code = torch.arange(16, dtype=torch.int32)
+    value = (code | magic_bits).to(torch.int16).view(dtype)
+    assert torch.equal(value.float(), magic + code.float())
+    for zero in range(16):
+        sub = torch.tensor(magic + zero, dtype=dtype)
+        assert torch.equal((value - sub).float(), code.float() - zero)
+
+
 def test_awq_zero_points(device):
     codes = random_codes(3, 192, device)
     plain = marlin.awq_zeros_to_marlin(marlin.pack_awq(codes))
