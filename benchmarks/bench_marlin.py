@@ -3,7 +3,7 @@ weight-only matmul (aten._weight_int4pack_mm, bf16 activations), group size 128,
 Checks our output against the fp32 reference once per shape before timing. Writes
 results/marlin_<device>.md/.json through the harness.
 
-    python benchmarks/bench_marlin.py [--quick]
+    python benchmarks/bench_marlin.py [--quick] [--out DIR]
 """
 
 from __future__ import annotations
@@ -100,6 +100,7 @@ def bench_shape(k: int, n: int, ms_list: list[int], ws: torch.Tensor, copy_gbs: 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="first shape and M in {1, 16} only")
+    parser.add_argument("--out", type=Path, default=None, help="also write the results here")
     args = parser.parse_args()
     aphrodite_ext.load("_C")
     ms_list, shapes = (MS[:2], SHAPES[:1]) if args.quick else (MS, SHAPES)
@@ -125,7 +126,7 @@ def main() -> None:
         "x vs torch int4",
         "weight GB/s",
     ]
-    print(harness.write("marlin", "cuda", header, rows, notes=notes))
+    print(harness.write("marlin", "cuda", header, rows, out_dir=args.out, notes=notes))
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ for tool in memcheck racecheck; do
 done
 
 python3 benchmarks/bench_kernels.py --out "$OUT" 2>&1 | tail -45 > "$OUT/bench.log"
+python3 benchmarks/bench_marlin.py --out "$OUT" > "$OUT/bench_marlin.log" 2>&1
 
 echo
 echo "================ summary ================"
@@ -41,3 +42,4 @@ echo "build: ${build_s}s on $(nproc) cores"
 echo "tests: $tests"
 echo "sanitizer: $san"
 cat "$OUT/bench.log" | grep "^|" || tail -20 "$OUT/bench.log"
+grep "^|" "$OUT/bench_marlin.log" || tail -20 "$OUT/bench_marlin.log"
