@@ -10,6 +10,7 @@ from .fp8_quant import (
     static_scaled_fp8_quant,
 )
 from .layernorm import fused_add_rms_norm, rms_norm
+from .marlin import awq_marlin_repack, gptq_marlin_gemm, gptq_marlin_repack
 from .moe_align import moe_align_block_size
 from .moe_sum import moe_sum
 from .paged_attention import PARTITION_SIZE, paged_attention, xl_paged_attention
@@ -21,9 +22,12 @@ __all__ = [
     "copy_blocks",
     "dynamic_per_token_scaled_fp8_quant",
     "dynamic_scaled_fp8_quant",
+    "awq_marlin_repack",
     "fused_add_rms_norm",
     "gelu_and_mul",
     "gelu_tanh_and_mul",
+    "gptq_marlin_gemm",
+    "gptq_marlin_repack",
     "moe_align_block_size",
     "moe_sum",
     "paged_attention",

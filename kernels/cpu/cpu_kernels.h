@@ -11,6 +11,7 @@
 #include "fp8_quant/fp8_quant.h"
 #include "attention/paged_attention.h"
 #include "layernorm/layernorm.h"
+#include "marlin/marlin.h"
 #include "moe/topk_softmax.h"
 #include "moe/moe_align.h"
 #include "moe/moe_sum.h"
@@ -40,6 +41,7 @@
   void paged_attention(const attention::PagedAttentionProblem& p,                              \
                        const attention::PagedAttentionV2Scratch* v2, int64_t item_begin,       \
                        int64_t item_end);                                                       \
+  void marlin_repack(const marlin::RepackProblem& p, int64_t word_begin, int64_t word_end);     \
   }
 
 APHRODITE_DECLARE_CPU_KERNELS(scalar)

@@ -138,3 +138,21 @@ def test_cmake_rejects_unknown_device(tmp_path):
     )
     assert proc.returncode != 0
     assert "not a backend; use one of: auto, cuda, rocm, cpu" in " ".join(proc.stderr.split())
+
+
+@pytest.mark.parametrize("requested, built, options, files", [
+    ("7.5 8.0 8.6 8.9 9.0a 10.0a 12.0+PTX", "8.0 8.6 8.9 9.0a 10.0a 12.0+PTX", "", 32 + 1),
+    ("9.0a", "9.0a", "marlin.dtypes=bf16;marlin.groups=grouped", 2 * 4 + 1),
+    ("7.5", "", "", 0),
+])
+def test_marlin_family_archs_and_grid(tmp_path, requested, built, options, files):
+    # Marlin needs sm_80+ (mma.sync bf16, cp.async): 7.5 alone skips it with its reason; the
+    # generator options narrow the instantiation grid (files = instances + the dispatch table).
+    proc, build = configure(tmp_path, requested, f"-DAPHRODITE_GENERATOR_OPTIONS={options}")
+    assert proc.returncode == 0, proc.stderr
+    fam = json.loads((build / "plan.json").read_text())["families"]["marlin"]
+    assert fam["archs"] == built.split() and fam["built"] == bool(built), fam
+    if not built:
+        assert "8.0" in fam["reason"] and "7.5" in fam["reason"]
+    generated = [s for s in fam["sources"] if "generated" in s["path"]]
+    assert len(generated) == files

@@ -1,0 +1,120 @@
+"""Generates the marlin family's GPU instantiations: one translation unit per (activation dtype,
+weight type, group mode, thread-block shape), so the family compiles in parallel, and the
+dispatch that picks an instantiation and a split-K factor for a problem at run time.
+
+Options (APHRODITE_GENERATOR_OPTIONS="marlin.dtypes=bf16;marlin.groups=grouped"):
+  dtypes   activation types to instantiate (default: all of DTYPES)
+  weights  weight types to instantiate (default: all of WEIGHTS)
+  groups   group modes: grouped (group sizes 32/64/128, one kernel) and/or channel
+  shapes   thread-block shapes (default: all of SHAPES); the dispatch uses those built
+  backend  cuda (set by the build)
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+
+
+@dataclass(frozen=True)
+class DType:
+    name: str
+    cpp: str  # device element type
+    enum: str  # ScalarType enumerator
+
+
+@dataclass(frozen=True)
+class Weight:
+    name: str
+    enum: str  # WeightType enumerator
+
+
+@dataclass(frozen=True)
+class Group:
+    name: str
+    grouped: bool  # scales per group of rows (True) or one per channel (False)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A thread block of m_warps x n_warps warps, each 16*m_tiles rows x 64 columns."""
+
+    m_tiles: int
+    m_warps: int
+    n_warps: int
+
+    @property
+    def name(self) -> str:
+        return f"m{16 * self.m_tiles * self.m_warps}n{64 * self.n_warps}"
+
+
+DTYPES = [DType("f16", "__half", "kFloat16"), DType("bf16", "__nv_bfloat16", "kBFloat16")]
+WEIGHTS = [Weight("uint4b8", "kUint4b8"), Weight("uint4", "kUint4")]
+GROUPS = [Group("grouped", True), Group("channel", False)]
+# Decode (M <= 16), small batches (M <= 32, <= 64) and prefill (M > 64).
+SHAPES = [Shape(1, 1, 4), Shape(2, 1, 4), Shape(4, 1, 4), Shape(4, 2, 4)]
+TEMPLATES = ["marlin_instance.cu.j2", "marlin_dispatch.cu.j2"]
+
+
+def grid(request: common.Request) -> list[tuple[DType, Weight, Group, Shape]]:
+    if request.options.get("backend", "cuda") != "cuda":
+        raise SystemExit("codegen/marlin.py: the marlin family is CUDA-only (mma.sync, cp.async)")
+    dtypes = request.option_list("dtypes", [d.name for d in DTYPES])
+    weights = request.option_list("weights", [w.name for w in WEIGHTS])
+    groups = request.option_list("groups", [g.name for g in GROUPS])
+    shapes = request.option_list("shapes", [s.name for s in SHAPES])
+    return [
+        (d, w, g, s)
+        for d in DTYPES
+        if d.name in dtypes
+        for w in WEIGHTS
+        if w.name in weights
+        for g in GROUPS
+        if g.name in groups
+        for s in SHAPES
+        if s.name in shapes
+    ]
+
+
+def template_args(dtype: DType, weight: Weight, group: Group, shape: Shape) -> str:
+    """The template arguments of launch_gemm_instance<> for one grid point."""
+    grouped = "true" if group.grouped else "false"
+    return (
+        f"{dtype.cpp}, WeightType::{weight.enum}, {grouped}, "
+        f"{shape.m_tiles}, {shape.m_warps}, {shape.n_warps}"
+    )
+
+
+def render(request: common.Request) -> dict[str, str]:
+    env = common.environment()
+    instances = grid(request)
+    files = {}
+    instance = env.get_template(TEMPLATES[0])
+    for dtype, weight, group, shape in instances:
+        name = f"marlin_{dtype.name}_{weight.name}_{group.name}_{shape.name}.cu"
+        files[name] = instance.render(
+            banner=common.banner(Path(__file__), TEMPLATES[0]),
+            dtype=dtype,
+            weight=weight,
+            group=group,
+            shape=shape,
+            args=template_args(dtype, weight, group, shape),
+        )
+    combos = sorted(
+        {(d, w, g) for d, w, g, _ in instances}, key=lambda c: (c[0].name, c[1].name, c[2].name)
+    )
+    files["marlin_dispatch.cu"] = env.get_template(TEMPLATES[1]).render(
+        banner=common.banner(Path(__file__), TEMPLATES[1]),
+        instances=[(*i, template_args(*i)) for i in instances],
+        combos=combos,
+        shapes=[s for s in SHAPES if any(s == i[3] for i in instances)],
+    )
+    return files
+
+
+if __name__ == "__main__":
+    common.main(__file__, TEMPLATES, render)

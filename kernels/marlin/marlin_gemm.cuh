@@ -1,0 +1,413 @@
+// The W4A16 GEMM kernel template. Each generated translation unit (codegen/marlin.py) instantiates
+// launch_gemm_instance<> for one (activation dtype, weight type, group mode, block shape).
+//
+// Structure (one thread block = m_warps x n_warps warps; warp tile = 16*MT rows x 64 columns):
+//  - a 4-stage cp.async pipeline (3 stages for the 128-row block, to fit 99 KiB of shared
+//    memory) brings, per 64-deep k slice, the activations (row-major, 16-byte chunks
+//    XOR-swizzled by row so ldmatrix is conflict-free), the packed weight tiles (already in
+//    fragment order, see marlin.h) and, for grouped scales, the <= 2 scale/zero rows the slice
+//    touches;
+//  - per 16-deep k step a warp loads A fragments with ldmatrix.x4, one 16-byte weight vector per
+//    lane, dequantizes it in registers ((code | magic) - (magic + zero)) * scale, and issues
+//    MT x 8 mma.sync.m16n8k16 with fp32 accumulators;
+//  - split-K: blockIdx.z takes a contiguous range of k slices; every split writes fp32 partials,
+//    and the last split to arrive at a tile (a counter in the workspace) sums them in split order
+//    (deterministic), adds the bias, writes the output and resets the counter to zero.
+// Torch-free; sm_80 and newer (mma.sync bf16, cp.async, ldmatrix).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+
+#include "common/gpu.h"
+#include "marlin/marlin.h"
+
+namespace aphrodite::marlin::detail {
+
+constexpr int kMaxStages = 4;
+/// Dynamic shared memory a block may opt into on every target arch (sm_86, sm_89 and sm_120
+/// stop at 99 KiB; sm_80 and sm_90 allow more).
+constexpr int kSmemBudget = 96 * 1024;
+constexpr int kBlockK = 64;                  ///< k per pipeline stage
+constexpr int kKSteps = kBlockK / kTileK;    ///< mma k steps per stage
+
+template <typename T>
+struct Traits;
+
+template <>
+struct Traits<__half> {
+  using T2 = __half2;
+  static constexpr uint32_t kMagic = 0x64006400u;  // two fp16 1024.0: 1024 + code is exact
+  static constexpr float kMagicValue = 1024.f;
+  __device__ static T2 pair(float lo, float hi) { return __floats2half2_rn(lo, hi); }
+  __device__ static float to_float(__half x) { return __half2float(x); }
+  __device__ static T2 float2_to(float lo, float hi) { return __floats2half2_rn(lo, hi); }
+};
+
+template <>
+struct Traits<__nv_bfloat16> {
+  using T2 = __nv_bfloat162;
+  static constexpr uint32_t kMagic = 0x43004300u;  // two bf16 128.0: 128 + code is exact
+  static constexpr float kMagicValue = 128.f;
+  __device__ static T2 pair(float lo, float hi) { return __floats2bfloat162_rn(lo, hi); }
+  __device__ static float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+  __device__ static T2 float2_to(float lo, float hi) { return __floats2bfloat162_rn(lo, hi); }
+};
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+/// 16-byte global->shared copy that bypasses L1; copies zeros instead when !valid.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+  const int src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(src_bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p))
+               : "memory");
+}
+
+/// (a & b) | c in one instruction.
+__device__ __forceinline__ uint32_t lop3_and_or(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xea;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+
+template <typename T>
+__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                          uint32_t b1);
+
+template <>
+__device__ __forceinline__ void mma_16816<__half>(float (&c)[4], const uint32_t (&a)[4],
+                                                  uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+template <>
+__device__ __forceinline__ void mma_16816<__nv_bfloat16>(float (&c)[4], const uint32_t (&a)[4],
+                                                         uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+template <typename T2>
+__device__ __forceinline__ uint32_t as_u32(T2 x) {
+  return *reinterpret_cast<uint32_t*>(&x);
+}
+template <typename T2>
+__device__ __forceinline__ T2 as_t2(uint32_t x) {
+  return *reinterpret_cast<T2*>(&x);
+}
+
+/// Compile-time facts of one instantiation.
+template <typename T, WeightType kWeight, bool kGrouped, int kMTiles, int kMWarps, int kNWarps>
+struct Config {
+  static constexpr int kThreads = 32 * kMWarps * kNWarps;
+  static constexpr int kBlockM = 16 * kMTiles * kMWarps;
+  static constexpr int kBlockN = kTileN * kNWarps;
+  static constexpr int kABytes = kBlockM * kBlockK * 2;
+  static constexpr int kBBytes = kKSteps * kNWarps * kTileWords * 4;
+  static constexpr int kSBytes = kGrouped ? 2 * kBlockN * 2 : 0;           // 2 scale rows
+  static constexpr bool kZeros = kWeight == WeightType::kUint4;
+  static constexpr int kZBytes = (kGrouped && kZeros) ? 2 * kBlockN / 2 : 0;  // 2 zero rows
+  static constexpr int kStageBytes = kABytes + kBBytes + kSBytes + kZBytes;
+  /// 4 stages where they fit in kSmemBudget, else 3 (the 128-row block).
+  static constexpr int kStages = kMaxStages * kStageBytes <= kSmemBudget ? kMaxStages : 3;
+  static constexpr int kSmemBytes = kStages * kStageBytes;
+  static_assert(kSmemBytes <= kSmemBudget, "a block shape's pipeline must fit every target arch");
+  static_assert(kABytes % 16 == 0 && kBBytes % 16 == 0 && kSBytes % 16 == 0 &&
+                    kZBytes % 16 == 0,
+                "stage parts must stay 16-byte aligned");
+};
+
+template <typename T, WeightType kWeight, bool kGrouped, int kMTiles, int kMWarps, int kNWarps>
+__global__ void __launch_bounds__(32 * kMWarps * kNWarps)
+    gemm_kernel(const GemmProblem p, int splits) {
+  using C = Config<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps>;
+  using Tr = Traits<T>;
+  using T2 = typename Tr::T2;
+  extern __shared__ __align__(16) unsigned char smem[];
+
+  const int tid = threadIdx.x;
+  const int warp = tid / 32, lane = tid % 32;
+  const int warp_m = warp / kNWarps, warp_n = warp % kNWarps;
+  const int g = lane / 4, t = lane % 4;
+
+  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * C::kBlockM;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * C::kBlockN;
+  const int split = blockIdx.z;
+  const int64_t n_tiles_total = p.n / kTileN;
+  const int64_t k_tiles_total = p.k / kTileK;
+  const int64_t num_stages = (p.k + kBlockK - 1) / kBlockK;
+  const int64_t stage_begin = num_stages * split / splits;
+  const int64_t stage_end = num_stages * (split + 1) / splits;
+  const int n_iters = static_cast<int>(stage_end - stage_begin);
+  const int64_t num_groups = p.k / p.group_size;
+  const int group_tiles = static_cast<int>(p.group_size / kTileK);  // k steps per group
+
+  const T* a = static_cast<const T*>(p.a);
+  const T* scales = static_cast<const T*>(p.scales);
+
+  auto stage_ptr = [&](int slot) { return smem + slot * C::kStageBytes; };
+
+  // Issues the copies of k slice `stage` into pipeline slot `slot`.
+  auto load_stage = [&](int64_t stage, int slot) {
+    unsigned char* base = stage_ptr(slot);
+    const int64_t k_base = stage * kBlockK;
+    // A: kBlockM rows x 8 chunks of 8 elements. Rows past M are not needed by any stored output
+    // (mma rows are independent), so they are skipped; columns past K must read as zero.
+    T* sa = reinterpret_cast<T*>(base);
+    for (int c = tid; c < C::kBlockM * 8; c += C::kThreads) {
+      const int row = c / 8, chunk = c % 8;
+      if (m0 + row >= p.m) continue;
+      const int64_t k = k_base + chunk * 8;
+      const bool valid = k < p.k;
+      const T* src = valid ? a + (m0 + row) * p.lda + k : a;
+      cp_async16(sa + row * kBlockK + ((chunk ^ (row & 7)) * 8), src, valid);
+    }
+    // B: kKSteps k-tiles x kNWarps n-tiles of 512 bytes, contiguous per k-tile in global memory.
+    unsigned char* sb = base + C::kABytes;
+    constexpr int kBChunks = kKSteps * kNWarps * 32;
+    for (int c = tid; c < kBChunks; c += C::kThreads) {
+      const int kk = c / (kNWarps * 32), rem = c % (kNWarps * 32);
+      const int64_t kt = stage * kKSteps + kk;
+      const int64_t nt = blockIdx.x * static_cast<int64_t>(kNWarps) + rem / 32;
+      const bool valid = kt < k_tiles_total && nt < n_tiles_total;
+      const int32_t* src =
+          valid ? p.b + kt * 2 * p.n + blockIdx.x * static_cast<int64_t>(kNWarps) * kTileWords +
+                      rem * 4
+                : p.b;
+      cp_async16(sb + c * 16, src, valid);
+    }
+    if constexpr (kGrouped) {
+      const int64_t r0 = k_base / p.group_size;
+      const int64_t r1 = r0 + 1 < num_groups ? r0 + 1 : num_groups - 1;
+      T* ss = reinterpret_cast<T*>(base + C::kABytes + C::kBBytes);
+      constexpr int kSChunks = 2 * C::kBlockN / 8;
+      for (int c = tid; c < kSChunks; c += C::kThreads) {
+        const int r = c / (C::kBlockN / 8), col = (c % (C::kBlockN / 8)) * 8;
+        const int64_t row = r == 0 ? r0 : r1;
+        const bool valid = n0 + col < p.n;
+        cp_async16(ss + r * C::kBlockN + col, valid ? scales + row * p.n + n0 + col : scales,
+                   valid);
+      }
+      if constexpr (C::kZeros) {
+        int32_t* sz = reinterpret_cast<int32_t*>(base + C::kABytes + C::kBBytes + C::kSBytes);
+        constexpr int kWordsPerRow = C::kBlockN / 8;
+        constexpr int kZChunks = 2 * kWordsPerRow / 4;
+        for (int c = tid; c < kZChunks; c += C::kThreads) {
+          const int r = c / (kWordsPerRow / 4), word = (c % (kWordsPerRow / 4)) * 4;
+          const int64_t row = r == 0 ? r0 : r1;
+          const bool valid = n0 + word * 8 < p.n;
+          cp_async16(sz + r * kWordsPerRow + word,
+                     valid ? p.zeros + row * (p.n / 8) + n0 / 8 + word : p.zeros, valid);
+        }
+      }
+    }
+  };
+
+  // Per-column dequantization constants of the warp's 8 n8 sub-tiles (column 8j + g of the
+  // warp's 64): scale, and magic + zero point, both as pairs.
+  T2 scale2[8], sub2[8];
+  auto set_group = [&](const T* srow, const int32_t* zrow) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int col = warp_n * kTileN + 8 * j + g;  // within the block
+      const T s = srow[col];
+      scale2[j] = T2{s, s};
+      int zero = 8;
+      if constexpr (C::kZeros) zero = (zrow[col / 8] >> (4 * (col % 8))) & 0xf;
+      const float sub = Tr::kMagicValue + static_cast<float>(zero);
+      sub2[j] = Tr::pair(sub, sub);
+    }
+  };
+
+  if constexpr (!kGrouped) {
+    // One group per channel: the constants never change; read them once from global memory
+    // (offset by the block's first column so set_group's indexing is shared).
+    const int64_t col = n0 + warp_n * kTileN;
+    if (col < p.n) {
+      set_group(scales + n0, C::kZeros ? p.zeros + n0 / 8 : nullptr);
+    } else {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) scale2[j] = sub2[j] = Tr::pair(0.f, 0.f);
+    }
+  }
+
+  float acc[kMTiles][8][4];
+#pragma unroll
+  for (int i = 0; i < kMTiles; ++i)
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+
+  auto compute_stage = [&](int slot, int64_t stage) {
+    const unsigned char* base = stage_ptr(slot);
+    const T* sa = reinterpret_cast<const T*>(base);
+    const int4* sb = reinterpret_cast<const int4*>(base + C::kABytes);
+    // The slice's k steps fall in at most two groups (group_size >= 32, a multiple of 16): row
+    // 0 or 1 of the slice's scales, found from the first step's offset in its group with one
+    // division per slice instead of two 64-bit ones per step.
+    const int offset_in_group = kGrouped ? static_cast<int>((stage * kKSteps) % group_tiles) : 0;
+    int current_row = -1;
+#pragma unroll
+    for (int kk = 0; kk < kKSteps; ++kk) {
+      if constexpr (kGrouped) {
+        const int r = offset_in_group + kk >= group_tiles ? 1 : 0;
+        if (r != current_row) {  // uniform over the block
+          current_row = r;
+          const T* ss = reinterpret_cast<const T*>(base + C::kABytes + C::kBBytes);
+          const int32_t* sz =
+              reinterpret_cast<const int32_t*>(base + C::kABytes + C::kBBytes + C::kSBytes);
+          set_group(ss + r * C::kBlockN, C::kZeros ? sz + r * (C::kBlockN / 8) : nullptr);
+        }
+      }
+      uint32_t af[kMTiles][4];
+#pragma unroll
+      for (int mi = 0; mi < kMTiles; ++mi) {
+        const int mat = lane / 8;
+        const int row = (warp_m * kMTiles + mi) * 16 + (lane % 8) + 8 * (mat & 1);
+        const int chunk = kk * 2 + (mat >> 1);
+        ldmatrix_x4(af[mi], sa + row * kBlockK + ((chunk ^ (row & 7)) * 8));
+      }
+      const int4 packed = sb[(kk * kNWarps + warp_n) * 32 + lane];
+      const uint32_t words[4] = {static_cast<uint32_t>(packed.x), static_cast<uint32_t>(packed.y),
+                                 static_cast<uint32_t>(packed.z), static_cast<uint32_t>(packed.w)};
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        // Nibble pairs (j, j + 4) for j = 0..3: b01 of sub-tile 2w, b01 of 2w+1, b23 of 2w,
+        // b23 of 2w+1 (marlin.h).
+        uint32_t b[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int tile = 2 * w + (j & 1);
+          const T2 v = as_t2<T2>(lop3_and_or(words[w] >> (4 * j), 0x000f000fu, Tr::kMagic));
+          b[j] = as_u32(__hmul2(__hsub2(v, sub2[tile]), scale2[tile]));
+        }
+#pragma unroll
+        for (int mi = 0; mi < kMTiles; ++mi) {
+          mma_16816<T>(acc[mi][2 * w], af[mi], b[0], b[2]);
+          mma_16816<T>(acc[mi][2 * w + 1], af[mi], b[1], b[3]);
+        }
+      }
+    }
+  };
+
+  // The pipeline: C::kStages - 1 slices in flight while one is computed.
+#pragma unroll
+  for (int s = 0; s < C::kStages - 1; ++s) {
+    if (s < n_iters) load_stage(stage_begin + s, s);
+    cp_async_commit();
+  }
+  for (int it = 0; it < n_iters; ++it) {
+    cp_async_wait<C::kStages - 2>();
+    __syncthreads();  // slice `it` is visible to all, and slot (it - 1) % C::kStages is free
+    const int next = it + C::kStages - 1;
+    if (next < n_iters) load_stage(stage_begin + next, next % C::kStages);
+    cp_async_commit();
+    compute_stage(it % C::kStages, stage_begin + it);
+  }
+  cp_async_wait<0>();
+
+  // Epilogue. Accumulator element e of (mi, j): row g + 8 * (e / 2), column 2t + e % 2.
+  T* out = static_cast<T*>(p.out);
+  const T* bias = static_cast<const T*>(p.bias);
+  auto store = [&](int64_t row, int64_t col, float v0, float v1) {
+    if (bias != nullptr) {
+      v0 += Tr::to_float(bias[col]);
+      v1 += Tr::to_float(bias[col + 1]);
+    }
+    *reinterpret_cast<T2*>(out + row * p.ldc + col) = Tr::float2_to(v0, v1);
+  };
+  auto for_each_pair = [&](auto&& fn) {
+#pragma unroll
+    for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int64_t row = m0 + (warp_m * kMTiles + mi) * 16 + g + 8 * h;
+          const int64_t col = n0 + warp_n * kTileN + 8 * j + 2 * t;
+          if (row < p.m && col < p.n) fn(row, col, acc[mi][j][2 * h], acc[mi][j][2 * h + 1]);
+        }
+  };
+
+  if (splits == 1) {
+    for_each_pair(store);
+    return;
+  }
+
+  for_each_pair([&](int64_t row, int64_t col, float v0, float v1) {
+    *reinterpret_cast<float2*>(p.partials + (split * p.m + row) * p.n + col) = make_float2(v0, v1);
+  });
+  __threadfence();
+  __syncthreads();
+  __shared__ int last;
+  const int64_t tile = static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x;
+  if (tid == 0) last = atomicAdd(p.counters + tile, 1) == splits - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  for_each_pair([&](int64_t row, int64_t col, float, float) {
+    float v0 = 0.f, v1 = 0.f;
+    for (int z = 0; z < splits; ++z) {  // fixed order: the result does not depend on timing
+      const float2 v = __ldcg(reinterpret_cast<const float2*>(p.partials + (z * p.m + row) * p.n +
+                                                              col));
+      v0 += v.x;
+      v1 += v.y;
+    }
+    store(row, col, v0, v1);
+  });
+  if (tid == 0) p.counters[tile] = 0;  // every split has arrived: ready for the next launch
+}
+
+/// @brief Launches one instantiation with `splits` k slices (grid: n blocks x m blocks x splits).
+template <typename T, WeightType kWeight, bool kGrouped, int kMTiles, int kMWarps, int kNWarps>
+gpuError_t launch_gemm_instance(const GemmProblem& p, int splits, gpuStream_t stream) {
+  using C = Config<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps>;
+  auto kernel = gemm_kernel<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps>;
+  // The shared-memory opt-in is a per-device attribute of the kernel: set it once per device
+  // (a repeat from a racing thread is harmless), not on every decode step.
+  constexpr int kMaxDevices = 64;
+  static std::atomic<bool> configured[kMaxDevices];
+  int device = 0;
+  gpuError_t err = cudaGetDevice(&device);
+  if (err != gpuSuccess) return err;
+  if (device >= kMaxDevices || !configured[device].load(std::memory_order_relaxed)) {
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               C::kSmemBytes);
+    if (err != gpuSuccess) return err;
+    if (device < kMaxDevices) configured[device].store(true, std::memory_order_relaxed);
+  }
+  const dim3 grid(static_cast<unsigned>((p.n + C::kBlockN - 1) / C::kBlockN),
+                  static_cast<unsigned>((p.m + C::kBlockM - 1) / C::kBlockM),
+                  static_cast<unsigned>(splits));
+  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(p, splits);
+  return gpuGetLastError();
+}
+
+}  // namespace aphrodite::marlin::detail

@@ -1,0 +1,425 @@
+"""Marlin-style W4A16 GEMM and its repacks. The repacks are checked bit-exactly by unpacking our
+layout (on every device the build serves, the CPU included); the GEMM (CUDA only) against the
+fp32 reference a @ dequant(w), by norm-wise relative error."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import aphrodite_ext
+from aphrodite_ext.ops import marlin
+
+# Norm-wise relative error bounds of the GEMM against the fp32 reference.
+TOL = {torch.float16: 1e-2, torch.bfloat16: 2e-2}
+WEIGHT_TYPES = ["uint4b8", "uint4"]
+GROUPS = [32, 64, 128, -1]
+# (K, N): odd multiples of the tile (16 x 64) up to the sizes of large layers.
+REPACK_SHAPES = [(16, 64), (48, 192), (208, 320), (1040, 704), (4096, 4096)]
+
+
+@pytest.fixture(autouse=True)
+def _load():
+    aphrodite_ext.load("_C")
+
+
+def random_codes(k, n, device, gen=None):
+    return torch.randint(0, 16, (k, n), dtype=torch.int32, generator=gen).to(device)
+
+
+# --- repack ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", REPACK_SHAPES)
+def test_gptq_repack_exact(device, shape):
+    k, n = shape
+    codes = random_codes(k, n, device)
+    packed = torch.ops._C.gptq_marlin_repack(
+        marlin.pack_gptq(codes), torch.empty(0, dtype=torch.int32, device=device), k, n, 4
+    )
+    assert packed.shape == (k // 16, 2 * n) and packed.dtype == torch.int32
+    assert torch.equal(marlin.unpack_marlin(packed, k, n), codes)
+
+
+@pytest.mark.parametrize("shape", REPACK_SHAPES)
+def test_awq_repack_exact(device, shape):
+    k, n = shape
+    codes = random_codes(k, n, device)
+    qweight = marlin.pack_awq(codes)
+    assert torch.equal(marlin.unpack_awq(qweight), codes)
+    packed = torch.ops._C.awq_marlin_repack(qweight, k, n, 4)
+    assert torch.equal(marlin.unpack_marlin(packed, k, n), codes)
+
+
+@pytest.mark.parametrize("perm_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("shape", [(48, 192), (1040, 704)])
+def test_gptq_repack_act_order(device, shape, perm_dtype):
+    k, n = shape
+    codes = random_codes(k, n, device)
+    perm = torch.randperm(k).to(device=device, dtype=perm_dtype)
+    packed = torch.ops._C.gptq_marlin_repack(marlin.pack_gptq(codes), perm, k, n, 4)
+    assert torch.equal(marlin.unpack_marlin(packed, k, n), codes[perm.long()])
+
+
+def test_layout_is_fragment_order(device):
+    # One tile, checked against the mma.sync m16n8k16 B-fragment layout directly: lane l's word
+    # w, nibble pair (j, j + 4) must hold B[k][n] for n = 8 * (2w + j % 2) + l // 4 and
+    # k = 2 (l % 4) + 8 (j // 2) + {0, 1}.
+    codes = random_codes(16, 64, device)
+    packed = torch.ops._C.awq_marlin_repack(marlin.pack_awq(codes), 16, 64, 4).cpu()
+    words = packed.view(32, 4)
+    c = codes.cpu()
+    for lane in range(32):
+        g, t = lane // 4, lane % 4
+        for w in range(4):
+            word = int(words[lane, w]) & 0xFFFFFFFF
+            for j in range(4):
+                n = 8 * (2 * w + j % 2) + g
+                k = 2 * t + 8 * (j // 2)
+                assert (word >> (4 * j)) & 0xF == c[k, n]
+                assert (word >> (4 * (j + 4))) & 0xF == c[k + 1, n]
+
+
+def test_kernel_fragment_path_emulated(device):
+    # The GEMM kernel's index math for one warp and one k16 step, restated in Python and checked
+    # against the PTX ISA's m16n8k16 fragment definitions: A through the XOR-swizzled shared
+    # memory row and ldmatrix.x4, B through our packed layout and the (word >> 4j) & 0x000f000f
+    # nibble-pair extraction, paired into the mma's {b0b1, b2b3} registers as the kernel does.
+    k, n = 16, 64
+    codes = random_codes(k, n, device)
+    words = torch.ops._C.awq_marlin_repack(marlin.pack_awq(codes), k, n, 4).cpu().view(32, 4)
+    a = torch.randn(16, 16)
+    smem = torch.full((16 * 64,), float("nan"))  # one stage's A rows: 64 elements each
+    for row in range(16):
+        for chunk in range(2):
+            at = row * 64 + ((chunk ^ (row & 7)) * 8)
+            smem[at : at + 8] = a[row, chunk * 8 : chunk * 8 + 8]
+
+    def ldmatrix_address(lane):  # as compute_stage computes it for kk = 0, mi = 0, warp_m = 0
+        mat = lane // 8
+        row = lane % 8 + 8 * (mat & 1)
+        return row * 64 + (((mat >> 1) ^ (row & 7)) * 8)
+
+    a_frag = torch.empty(16, 16)
+    b_frag = torch.empty(8, 16, 8)  # [sub-tile, k, n]
+    for lane in range(32):
+        g, t = lane // 4, lane % 4
+        # ldmatrix.x4: register i of `lane` = row lane // 4 of matrix i, whose row r address
+        # came from lane 8i + r; elements 2 (lane % 4) and + 1.
+        regs = [smem[ldmatrix_address(8 * i + g) + 2 * t :][:2] for i in range(4)]
+        # PTX A fragment: a0a1 (g, 2t..), a2a3 (g + 8, 2t..), a4a5 (g, 2t + 8..), a6a7 (g + 8, ..)
+        a_frag[g, 2 * t : 2 * t + 2] = regs[0]
+        a_frag[g + 8, 2 * t : 2 * t + 2] = regs[1]
+        a_frag[g, 2 * t + 8 : 2 * t + 10] = regs[2]
+        a_frag[g + 8, 2 * t + 8 : 2 * t + 10] = regs[3]
+        for w in range(4):
+            word = int(words[lane, w]) & 0xFFFFFFFF
+            pairs = []
+            for j in range(4):
+                bits = (word >> (4 * j)) & 0x000F000F
+                pairs.append((bits & 0xF, bits >> 16))  # (low half, high half)
+            # mma for sub-tile 2w takes (b[0], b[2]); for 2w + 1, (b[1], b[3]).
+            for tile, (r0, r1) in (
+                (2 * w, (pairs[0], pairs[2])),
+                (2 * w + 1, (pairs[1], pairs[3])),
+            ):
+                # PTX B fragment: b0b1 (k = 2t, 2t + 1; n = g), b2b3 (k = 2t + 8, 2t + 9)
+                b_frag[tile, 2 * t, g], b_frag[tile, 2 * t + 1, g] = r0
+                b_frag[tile, 2 * t + 8, g], b_frag[tile, 2 * t + 9, g] = r1
+    assert torch.equal(a_frag, a)
+    b_full = b_frag.permute(1, 0, 2).reshape(16, 64)
+    assert torch.equal(b_full, codes.cpu().float())
+
+
+@pytest.mark.parametrize(
+    "dtype, magic_bits, magic", [(torch.float16, 0x6400, 1024.0), (torch.bfloat16, 0x4300, 128.0)]
+)
+def test_dequant_magic_numbers(dtype, magic_bits, magic):
+    # The kernel ORs a 4-bit code into the mantissa of `magic` (marlin_gemm.cuh Traits) and
+    # subtracts magic + zero: both steps must be exact in the activation dtype.
+    code = torch.arange(16, dtype=torch.int32)
+    value = (code | magic_bits).to(torch.int16).view(dtype)
+    assert torch.equal(value.float(), magic + code.float())
+    for zero in range(16):
+        sub = torch.tensor(magic + zero, dtype=dtype)
+        assert torch.equal((value - sub).float(), code.float() - zero)
+
+
+def test_awq_zero_points(device):
+    codes = random_codes(3, 192, device)
+    plain = marlin.awq_zeros_to_marlin(marlin.pack_awq(codes))
+    shifts = 4 * torch.arange(8, device=device, dtype=torch.int32)
+    assert torch.equal(((plain.unsqueeze(-1) >> shifts) & 0xF).reshape(3, 192), codes)
+
+
+def test_repack_bad_inputs(device):
+    k, n = 48, 192
+    q = marlin.pack_gptq(random_codes(k, n, device))
+    empty = torch.empty(0, dtype=torch.int32, device=device)
+    op = torch.ops._C.gptq_marlin_repack
+    with pytest.raises(RuntimeError, match="only num_bits=4"):
+        op(q, empty, k, n, 8)
+    with pytest.raises(RuntimeError, match="size_k must be a positive multiple of 16"):
+        op(q, empty, 40, n, 4)
+    with pytest.raises(RuntimeError, match="size_n must be a positive multiple of 64"):
+        op(q, empty, k, 96, 4)
+    with pytest.raises(RuntimeError, match="must have shape"):
+        op(q, empty, 2 * k, n, 4)
+    with pytest.raises(RuntimeError, match="must be int32"):
+        op(q.float(), empty, k, n, 4)
+    with pytest.raises(RuntimeError, match="perm must be empty or have shape"):
+        op(q, torch.arange(k - 1, dtype=torch.int32, device=device), k, n, 4)
+    with pytest.raises(RuntimeError, match="only num_bits=4"):
+        torch.ops._C.awq_marlin_repack(marlin.pack_awq(random_codes(k, n, device)), k, n, 8)
+    with pytest.raises(RuntimeError, match="AWQ qweight"):
+        torch.ops._C.awq_marlin_repack(q, k, n, 4)
+    if device == "cpu":  # checked on the host; on the GPU a bad index reads as code 0
+        with pytest.raises(RuntimeError, match="is not a row index"):
+            op(q, torch.full((k,), k, dtype=torch.int32, device=device), k, n, 4)
+
+
+def test_repack_opcheck(device):
+    k, n = 48, 192
+    q = marlin.pack_gptq(random_codes(k, n, device))
+    perm = torch.randperm(k, dtype=torch.int32).to(device)
+    torch.library.opcheck(torch.ops._C.gptq_marlin_repack.default, (q, perm, k, n, 4))
+    qa = marlin.pack_awq(random_codes(k, n, device))
+    torch.library.opcheck(torch.ops._C.awq_marlin_repack.default, (qa, k, n, 4))
+
+
+def test_repack_compile(device):
+    k, n = 48, 192
+    qa = marlin.pack_awq(random_codes(k, n, device))
+    fn = torch.compile(lambda q: torch.ops._C.awq_marlin_repack(q, k, n, 4), fullgraph=True)
+    assert torch.equal(fn(qa), torch.ops._C.awq_marlin_repack(qa, k, n, 4))
+
+
+# --- GEMM -----------------------------------------------------------------------------------
+
+
+def require_cuda(device):
+    if device != "cuda":
+        pytest.skip("gptq_marlin_gemm runs on CUDA only")
+
+
+def make_layer(k, n, dtype, weight_type, group_size, act_order, device, seed=0):
+    """A quantized layer: the op's arguments and the dequantized fp32 weight."""
+    gen = torch.Generator().manual_seed(seed)
+    w = torch.randn(k, n, generator=gen).to(device) * 0.05
+    q = marlin.quantize_weights(w, weight_type, group_size, act_order, dtype, gen)
+    perm = q["perm"] if act_order else None
+    packed = marlin.gptq_marlin_repack(marlin.pack_gptq(q["codes"]), perm, k, n)
+    zeros = marlin.pack_plain(q["zeros"]) if weight_type == "uint4" else None
+    return {
+        "b_q_weight": packed,
+        "b_scales": q["scales"],
+        "b_zeros": zeros,
+        "g_idx": q["g_idx"] if act_order else None,
+        "perm": perm,
+        "w_ref": q["w_ref"],
+    }
+
+
+def rel_error(out, ref):
+    return ((out.float() - ref).norm() / ref.norm().clamp_min(1e-12)).item()
+
+
+def run_gemm(a, layer, weight_type, bias=None, workspace=None):
+    ws = marlin.make_workspace(a.device) if workspace is None else workspace
+    return marlin.gptq_marlin_gemm(
+        a,
+        layer["b_q_weight"],
+        layer["b_scales"],
+        ws,
+        weight_type,
+        b_zeros=layer["b_zeros"],
+        g_idx=layer["g_idx"],
+        perm=layer["perm"],
+        bias=bias,
+    )
+
+
+def check_gemm(m, k, n, dtype, weight_type, group_size, act_order, device, bias=False):
+    layer = make_layer(k, n, dtype, weight_type, group_size, act_order, device)
+    a = torch.randn(m, k, dtype=dtype, device=device)
+    b = torch.randn(n, dtype=dtype, device=device) if bias else None
+    out = run_gemm(a, layer, weight_type, bias=b)
+    assert out.shape == (m, n) and out.dtype == dtype
+    assert torch.isfinite(out).all(), "some outputs were not written or overflowed"
+    ref = marlin.gemm_ref(a, layer["w_ref"], b)
+    err = rel_error(out, ref)
+    assert err < TOL[dtype], f"relative error {err:.3g} >= {TOL[dtype]}"
+
+
+@pytest.mark.parametrize("dtype", list(TOL))
+@pytest.mark.parametrize("weight_type", WEIGHT_TYPES)
+@pytest.mark.parametrize("m", [1, 7, 16, 33, 64, 128, 257, 1024])
+@pytest.mark.parametrize("kn", [(384, 192), (1152, 704), (4096, 4096)])
+def test_gemm_sizes(device, dtype, weight_type, m, kn):
+    require_cuda(device)
+    check_gemm(m, *kn, dtype, weight_type, 128, False, device)
+
+
+@pytest.mark.parametrize("dtype", list(TOL))
+@pytest.mark.parametrize("weight_type", WEIGHT_TYPES)
+@pytest.mark.parametrize("group_size", GROUPS)
+@pytest.mark.parametrize("act_order", [False, True])
+@pytest.mark.parametrize("m", [1, 33, 257])
+def test_gemm_groups(device, dtype, weight_type, group_size, act_order, m):
+    require_cuda(device)
+    if act_order and group_size == -1:
+        pytest.skip("act-order needs groups")
+    check_gemm(m, 1152, 320, dtype, weight_type, group_size, act_order, device)
+
+
+@pytest.mark.parametrize("dtype", list(TOL))
+@pytest.mark.parametrize("m", [1, 16, 64])
+@pytest.mark.parametrize("kn", [(8192, 8192), (8192, 28672), (28672, 8192)])
+def test_gemm_large(device, dtype, m, kn):
+    require_cuda(device)
+    check_gemm(m, *kn, dtype, "uint4b8", 128, False, device)
+
+
+@pytest.mark.parametrize("k", [16, 208, 1040])  # K not a multiple of the 64-deep slice
+@pytest.mark.parametrize("m", [1, 33])
+def test_gemm_k_tail_per_channel(device, k, m):
+    require_cuda(device)
+    check_gemm(m, k, 192, torch.float16, "uint4", -1, False, device)
+
+
+@pytest.mark.parametrize("weight_type", WEIGHT_TYPES)
+def test_gemm_bias(device, weight_type):
+    require_cuda(device)
+    check_gemm(7, 384, 192, torch.bfloat16, weight_type, 64, False, device, bias=True)
+
+
+def test_gemm_strided_a_and_workspace_reuse(device):
+    require_cuda(device)
+    k, n = 1024, 576
+    layer = make_layer(k, n, torch.float16, "uint4b8", 128, False, device)
+    base = torch.randn(5, k + 64, dtype=torch.float16, device=device)
+    a = base[:, 64:]  # row stride k + 64, a multiple of 8 elements
+    ws = marlin.make_workspace(device)
+    ref = marlin.gemm_ref(a, layer["w_ref"])
+    first = run_gemm(a, layer, "uint4b8", workspace=ws)
+    assert torch.count_nonzero(ws) == 0, "split-K counters must be left at zero"
+    second = run_gemm(a, layer, "uint4b8", workspace=ws)
+    assert rel_error(first, ref) < TOL[torch.float16]
+    assert torch.equal(first, second), "the split-K reduction must be deterministic"
+
+
+def test_gemm_small_workspace_does_not_split(device):
+    # vLLM passes one counter per SM; with fewer counters than tiles the kernel must not split.
+    require_cuda(device)
+    layer = make_layer(4096, 1024, torch.float16, "uint4b8", 128, False, device)
+    a = torch.randn(3, 4096, dtype=torch.float16, device=device)
+    ws = torch.zeros(1, dtype=torch.int32, device=device)
+    out = run_gemm(a, layer, "uint4b8", workspace=ws)
+    assert rel_error(out, marlin.gemm_ref(a, layer["w_ref"])) < TOL[torch.float16]
+
+
+def gemm_args(device, dtype=torch.float16, weight_type="uint4b8", m=5, k=256, n=128):
+    layer = make_layer(k, n, dtype, weight_type, 128, False, device)
+    a = torch.randn(m, k, dtype=dtype, device=device)
+    return [
+        a,
+        None,
+        layer["b_q_weight"],
+        None,
+        layer["b_scales"],
+        None,
+        layer["b_zeros"],
+        None,
+        None,
+        marlin.make_workspace(device),
+        marlin.WEIGHT_TYPE_IDS[weight_type],
+        m,
+        n,
+        k,
+    ]
+
+
+def test_gemm_cpu_raises(device):
+    if device != "cpu":
+        pytest.skip("the CPU backend's message")
+    with pytest.raises(RuntimeError, match="runs on CUDA only"):
+        torch.ops._C.gptq_marlin_gemm(*gemm_args(device))
+
+
+def test_gemm_bad_inputs(device):
+    require_cuda(device)
+    op = torch.ops._C.gptq_marlin_gemm
+
+    def call(index, value, match, **kwargs):
+        args = gemm_args(device)
+        args[index] = value
+        with pytest.raises(RuntimeError, match=match):
+            op(*args, **kwargs)
+
+    args = gemm_args(device)
+    call(10, 12345, "b_q_type 12345 is not supported")
+    call(0, args[0].float(), "a must be float16 or bfloat16")
+    call(13, 255, "a must have shape")
+    call(4, args[4].to(torch.bfloat16), "b_scales must be")
+    call(4, args[4][:, :64].contiguous(), "b_scales must have shape")
+    call(1, torch.empty(5, 128, dtype=torch.float16, device=device), "c_or_none is not supported")
+    call(5, torch.ones(1, device=device), "global_scale")
+    call(6, torch.zeros(2, 16, dtype=torch.int32, device=device), "uint4b8 has its zero point")
+    call(7, torch.arange(256, dtype=torch.int32, device=device), "needs both g_idx_or_none")
+    call(9, torch.zeros(16, dtype=torch.int64, device=device), "workspace must be int32")
+    call(2, args[2][:, :128].contiguous(), "b_q_weight")
+    with pytest.raises(RuntimeError, match="is_zp_float"):
+        op(*args, True, False, False, True)
+    uint4 = gemm_args(device, weight_type="uint4")
+    uint4[6] = None
+    with pytest.raises(RuntimeError, match="needs zero points"):
+        op(*uint4)
+
+
+def test_gemm_opcheck(device):
+    require_cuda(device)
+    torch.library.opcheck(torch.ops._C.gptq_marlin_gemm.default, gemm_args(device))
+    torch.library.opcheck(
+        torch.ops._C.gptq_marlin_gemm.default, gemm_args(device, torch.bfloat16, "uint4")
+    )
+
+
+def test_gemm_compile(device):
+    require_cuda(device)
+    args = gemm_args(device)
+    fn = torch.compile(lambda *xs: torch.ops._C.gptq_marlin_gemm(*xs), fullgraph=True)
+    torch.testing.assert_close(fn(*args), torch.ops._C.gptq_marlin_gemm(*args), atol=0, rtol=0)
+
+
+# --- codegen (no device needed) -------------------------------------------------------------
+
+
+def run_generator(tmp_path, *options):
+    gen = Path(__file__).resolve().parents[2] / "codegen" / "marlin.py"
+    cmd = [sys.executable, str(gen), "--out-dir", str(tmp_path / "o"), "--archs", "9.0a"]
+    for opt in options:
+        cmd += ["--option", opt]
+    proc = subprocess.run(cmd + ["--describe"], capture_output=True, text=True)
+    return proc, json.loads
+
+
+def test_codegen_grid_and_narrowing(tmp_path):
+    proc, loads = run_generator(tmp_path)
+    outputs = loads(proc.stdout)["outputs"]
+    # 2 dtypes x 2 weight types x 2 group modes x 4 block shapes, plus the dispatch table.
+    assert len(outputs) == 2 * 2 * 2 * 4 + 1 and "marlin_dispatch.cu" in outputs
+    assert "marlin_bf16_uint4_grouped_m16n256.cu" in outputs
+    proc, loads = run_generator(tmp_path, "dtypes=bf16", "groups=grouped")
+    narrowed = loads(proc.stdout)["outputs"]
+    assert len(narrowed) == 2 * 4 + 1
+    assert all("_f16_" not in o and "_channel_" not in o for o in narrowed)
+
+
+def test_codegen_rejects_bad_options(tmp_path):
+    proc, _ = run_generator(tmp_path, "groups=per_tensor")
+    assert proc.returncode != 0 and "grouped,channel" in proc.stderr
+    proc, _ = run_generator(tmp_path, "backend=rocm")
+    assert proc.returncode != 0 and "CUDA-only" in proc.stderr
