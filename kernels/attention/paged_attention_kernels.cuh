@@ -450,45 +450,79 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+/// Threads of the reduce: warp w takes partitions w, w + 8, ...; lane l dimensions 4l + 128k.
+inline constexpr int kReduceThreads = 256;
+inline constexpr int kReduceWarps = kReduceThreads / kWarp;
+/// Largest head size the reduce's shared buffer holds (the largest the generator offers).
+inline constexpr int kReduceMaxHead = 256;
+
 /// v2's reduce: out[s, h] = sum_p w_p tmp_out[s, h, p] / sum_p w_p, w_p = exp_sum_p *
-/// exp(max_p - max). One block per (head, sequence); sequences of one partition were written by
-/// the attention kernel, sequences of length 0 get zeros here.
+/// exp(max_p - max). One block per (head, sequence); its warps split the partitions so that
+/// many loads are in flight even for one sequence. Sequences of one partition were written by
+/// the attention kernel; sequences of length 0 get zeros here. head_size % 4 == 0.
 template <typename T>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kReduceThreads)
     paged_attention_reduce_kernel(const PagedAttentionProblem p, const Launch l) {
-  __shared__ float red[kWarps];
+  __shared__ float red[kReduceWarps];
+  __shared__ alignas(16) float part[kReduceWarps][kReduceMaxHead];
   const int64_t h = blockIdx.x;
+  const int warp = threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  const int head = static_cast<int>(p.head_size);
   for (int64_t s = blockIdx.z; s < p.num_seqs; s += gridDim.z) {
     const int64_t seq_len = p.seq_lens[s];
-    T* out = static_cast<T*>(p.out) + (s * p.num_heads + h) * p.head_size;
+    T* out = static_cast<T*>(p.out) + (s * p.num_heads + h) * head;
     if (seq_len == 0) {
-      for (int64_t d = threadIdx.x; d < p.head_size; d += kThreads) out[d] = from_float<T>(0.0f);
+      for (int d = threadIdx.x; d < head; d += kReduceThreads) out[d] = from_float<T>(0.0f);
       continue;
     }
     if (seq_len <= l.partition_size) continue;
-    const int64_t np = (seq_len + l.partition_size - 1) / l.partition_size;
+    const int np = static_cast<int>((seq_len + l.partition_size - 1) / l.partition_size);
     const int64_t row = (s * p.num_heads + h) * l.max_num_partitions;
     const float* maxes = l.max_logits + row;
     const float* sums = l.exp_sums + row;
+    // The largest partition max, then the weights' sum.
     float m = -INFINITY;
-    for (int64_t i = threadIdx.x; i < np; i += kThreads) m = fmaxf(m, maxes[i]);
+    for (int i = threadIdx.x; i < np; i += kReduceThreads) m = fmaxf(m, maxes[i]);
     m = warp_max(m);
-    if (threadIdx.x % kWarp == 0) red[threadIdx.x / kWarp] = m;
+    if (lane == 0) red[warp] = m;
     __syncthreads();
     m = red[0];
 #pragma unroll
-    for (int w = 1; w < kWarps; ++w) m = fmaxf(m, red[w]);
-    for (int64_t d = threadIdx.x; d < p.head_size; d += kThreads) {
-      float num = 0.0f, den = 0.0f;
-      for (int64_t i = 0; i < np; ++i) {
+    for (int w = 1; w < kReduceWarps; ++w) m = fmaxf(m, red[w]);
+    __syncthreads();  // red is reused below
+    float den = 0.0f;
+    for (int i = threadIdx.x; i < np; i += kReduceThreads) {
+      den += maxes[i] == -INFINITY ? 0.0f : sums[i] * __expf(maxes[i] - m);
+    }
+    den = warp_sum(den);
+    if (lane == 0) red[warp] = den;
+    // Partial numerators: warp `warp` over its partitions, 4 dimensions a lane.
+    for (int d0 = lane * 4; d0 < head; d0 += kWarp * 4) {
+      float4 num = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 4
+      for (int i = warp; i < np; i += kReduceWarps) {
         const float mi = maxes[i];
         const float w = mi == -INFINITY ? 0.0f : sums[i] * __expf(mi - m);
-        num += w * l.tmp_out[(row + i) * p.head_size + d];
-        den += w;
+        const float4 t = *reinterpret_cast<const float4*>(l.tmp_out + (row + i) * head + d0);
+        num.x += w * t.x;
+        num.y += w * t.y;
+        num.z += w * t.z;
+        num.w += w * t.w;
       }
+      *reinterpret_cast<float4*>(&part[warp][d0]) = num;
+    }
+    __syncthreads();
+    den = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kReduceWarps; ++w) den += red[w];
+    for (int d = threadIdx.x; d < head; d += kReduceThreads) {
+      float num = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kReduceWarps; ++w) num += part[w][d];
       out[d] = from_float<T>(den > 0.0f ? num / den : 0.0f);
     }
-    __syncthreads();  // red is reused by the next sequence
+    __syncthreads();  // red and part are reused by the next sequence
   }
 }
 
@@ -542,7 +576,7 @@ gpuError_t paged_attention_reduce(const PagedAttentionProblem& p,
   const unsigned grid_z =
       static_cast<unsigned>(p.num_seqs < detail::kMaxGridZ ? p.num_seqs : detail::kMaxGridZ);
   const dim3 grid(static_cast<unsigned>(p.num_heads), 1, grid_z);
-  detail::paged_attention_reduce_kernel<T><<<grid, detail::kThreads, 0, stream>>>(p, l);
+  detail::paged_attention_reduce_kernel<T><<<grid, detail::kReduceThreads, 0, stream>>>(p, l);
   return gpuGetLastError();
 }
 
