@@ -136,13 +136,15 @@ class Problem:
 
 
 def check(name, ours, ref):
-    torch.testing.assert_close(
-        ours.float(),
-        ref.float(),
-        atol=2e-2,
-        rtol=2e-2,
-        msg=lambda m: f"{name} disagrees with SDPA: {m}",
-    )
+    """bf16 agreement relative to the output's scale: long contexts average many values, so
+    outputs shrink, and a plain absolute tolerance would let zeros pass."""
+    ours, ref = ours.float(), ref.float()
+    if not torch.isfinite(ours).all():
+        raise SystemExit(f"{name}: non-finite outputs")
+    err = (ours - ref).abs().max().item()
+    bound = 2e-2 * ref.abs().max().item() + 1e-4
+    if err > bound:
+        raise SystemExit(f"{name} disagrees with SDPA: max error {err:.3g} > {bound:.3g}")
 
 
 def copy_tbs() -> float:
