@@ -477,7 +477,11 @@ __global__ void __launch_bounds__(kReduceThreads)
       continue;
     }
     if (seq_len <= l.partition_size) continue;
-    const int np = static_cast<int>((seq_len + l.partition_size - 1) / l.partition_size);
+    // Clamped so that a max_seq_len below a sequence's length (a caller's error) cannot make
+    // the reduce read past the scratch rows.
+    int64_t np64 = (seq_len + l.partition_size - 1) / l.partition_size;
+    if (np64 > l.max_num_partitions) np64 = l.max_num_partitions;
+    const int np = static_cast<int>(np64);
     const int64_t row = (s * p.num_heads + h) * l.max_num_partitions;
     const float* maxes = l.max_logits + row;
     const float* sums = l.exp_sums + row;
