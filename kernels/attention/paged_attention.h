@@ -79,5 +79,11 @@ gpuError_t launch_paged_attention_v1(const PagedAttentionProblem& p, gpuStream_t
 /// @brief Launches split-KV paged attention and its reduce step on `stream`.
 gpuError_t launch_paged_attention_v2(const PagedAttentionProblem& p,
                                      const PagedAttentionV2Scratch& scratch, gpuStream_t stream);
+/// Why this build cannot launch `p` (v2 with `scratch`, v1 with nullptr), or nullptr when it
+/// can: a head size, block size, dtype or cache dtype the generator options left out, caches
+/// not 16-byte aligned, bad partitioning. Exactly then the launchers return an invalid-value
+/// error; a binding calls this first to raise the reason (valid until the thread's next call).
+const char* paged_attention_unsupported(const PagedAttentionProblem& p,
+                                        const PagedAttentionV2Scratch* scratch);
 }  // namespace aphrodite::attention
 #endif

@@ -253,6 +253,11 @@ void run(const char* op, const attention::PagedAttentionProblem& p,
 #else
   const c10::cuda::OptionalCUDAGuard guard(query.device());
   const gpuStream_t stream = current_stream(query);
+  // What this build's generated grid cannot run is a user error with a reason, not a launch
+  // failure.
+  if (const char* why = attention::paged_attention_unsupported(p, v2)) {
+    TORCH_CHECK(false, op, ": ", why);
+  }
   check_launch(op, v2 == nullptr ? attention::launch_paged_attention_v1(p, stream)
                                  : attention::launch_paged_attention_v2(p, *v2, stream));
 #endif

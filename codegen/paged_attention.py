@@ -1,0 +1,113 @@
+"""Generates the paged_attention family's GPU instantiations: one translation unit per
+(query dtype, head size), each instantiating every block size and cache dtype of the build,
+and the dispatch that implements launch_paged_attention_v1/v2 (kernels/attention/
+paged_attention.h) and names what a build left out.
+
+Options (APHRODITE_GENERATOR_OPTIONS="paged_attention.head_sizes=128;paged_attention.fp8=off"):
+  head_sizes   which head sizes to instantiate (default: all of HEAD_SIZES)
+  dtypes       which query dtypes (default: all of DTYPES)
+  block_sizes  which cache block sizes (default: all of BLOCK_SIZES)
+  fp8          on/off: the fp8 E4M3 cache (default on; always off on rocm)
+  xl           on/off: the Transformer-XL ops (default on; a run-time path, no extra code)
+  backend      cuda or rocm (set by the build)
+
+Cost: the full grid is 21 files of 18 kernels (3 block sizes x 2 caches x 3 group tilings); a
+clean -j2 build for 9.0a on the 2-core machine took 873 s of CPU for the whole project, most
+of it here. CI can narrow it: "paged_attention.dtypes=bf16,f16;paged_attention.head_sizes=
+64,128,256" builds 6 of the 21 files.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+
+
+@dataclass(frozen=True)
+class DType:
+    name: str  # file-name and option spelling
+    cpp: str  # device element type
+    enum: str  # ScalarType enumerator
+    pretty: str  # in error messages
+
+
+@dataclass(frozen=True)
+class Cache:
+    name: str
+    cpp: str | None  # cache element type; None: the query's
+    enum: str  # KvCacheDtype enumerator
+
+
+DTYPES = [
+    DType("f32", "float", "kFloat32", "float32"),
+    DType("f16", "__half", "kFloat16", "float16"),
+    DType("bf16", "__nv_bfloat16", "kBFloat16", "bfloat16"),
+]
+HEAD_SIZES = ["64", "80", "96", "112", "128", "192", "256"]
+BLOCK_SIZES = ["8", "16", "32"]
+CACHES = [Cache("auto", None, "kAuto"), Cache("fp8", "uint8_t", "kFp8E4M3")]
+TEMPLATES = ["paged_attention_instance.cu.j2", "paged_attention_dispatch.cu.j2"]
+
+
+@dataclass(frozen=True)
+class Grid:
+    dtypes: list[DType]
+    head_sizes: list[int]
+    block_sizes: list[int]
+    caches: list[Cache]
+    xl: bool
+
+
+def switch(request: common.Request, key: str, default: bool) -> bool:
+    value = request.options.get(key)
+    if value is None:
+        return default
+    if value not in ("on", "off"):
+        raise SystemExit(f"generator option {key}={value!r}: expected on or off")
+    return value == "on"
+
+
+def grid(request: common.Request) -> Grid:
+    backend = request.options.get("backend", "cuda")
+    if backend not in ("cuda", "rocm"):
+        raise SystemExit(f"generator option backend={backend!r}: expected cuda or rocm")
+    dtypes = request.option_list("dtypes", [d.name for d in DTYPES])
+    heads = request.option_list("head_sizes", HEAD_SIZES)
+    blocks = request.option_list("block_sizes", BLOCK_SIZES)
+    # kernels/common/fp8.h has no ROCm conversions yet.
+    fp8 = switch(request, "fp8", True) and backend == "cuda"
+    return Grid(
+        dtypes=[d for d in DTYPES if d.name in dtypes],
+        head_sizes=[int(h) for h in heads],
+        block_sizes=[int(b) for b in blocks],
+        caches=[c for c in CACHES if c.name == "auto" or fp8],
+        xl=switch(request, "xl", True),
+    )
+
+
+def render(request: common.Request) -> dict[str, str]:
+    env = common.environment()
+    g = grid(request)
+    files = {}
+    instance = env.get_template(TEMPLATES[0])
+    for dtype in g.dtypes:
+        for head in g.head_sizes:
+            files[f"paged_attention_{dtype.name}_h{head}.cu"] = instance.render(
+                banner=common.banner(Path(__file__), TEMPLATES[0]),
+                dtype=dtype,
+                head=head,
+                block_sizes=g.block_sizes,
+                caches=g.caches,
+            )
+    files["paged_attention_dispatch.cu"] = env.get_template(TEMPLATES[1]).render(
+        banner=common.banner(Path(__file__), TEMPLATES[1]), grid=g
+    )
+    return files
+
+
+if __name__ == "__main__":
+    common.main(__file__, TEMPLATES, render)

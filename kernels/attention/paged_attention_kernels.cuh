@@ -1,0 +1,587 @@
+// GPU kernels of paged_attention.h as header templates. codegen/paged_attention.py emits one .cu
+// per (query dtype, head size) that instantiates paged_attention_run for every block size and
+// cache dtype of the build, and a dispatch file that implements the two launchers.
+//
+// Design (decode is a stream over the KV cache; the aim is to read each KV byte once):
+// - One thread block serves every query head of one kv head (up to kG of them; a larger GQA
+//   group is split over ceil(G / kG) blocks that run side by side and share the KV through L2),
+//   so under GQA the cache is read once, not G times.
+// - A block walks its token range in chunks of kChunk tokens. Per chunk: (1) each warp takes
+//   whole cache blocks, loads their keys with 16-byte loads (lane = token slot, a warp
+//   instruction reads 512 contiguous bytes of the [head_size / x, block_size, x] layout) and
+//   dots them with q (fp32, in shared memory, pre-scaled) for all heads of the group; (2) an
+//   exact softmax step per head over the chunk updates the running max and sum (online softmax
+//   across chunks); (3) warps (or teams of warps, when one warp would need too many
+//   accumulators) take whole cache blocks again and accumulate p * v in fp32 registers.
+// - v1 walks the whole sequence in one block per (sequence, kv head group): no scratch, but
+//   only num_seqs * num_kv_heads blocks. v2 gives each partition of scratch.partition_size
+//   tokens its own block, writes (max, sum, normalised partial output) to the scratch, and a
+//   reduce kernel combines them; a sequence that fits one partition is written to `out`
+//   directly and skipped by the reduce. v2 is the fast path for long contexts or small batches.
+// Torch-free.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "attention/paged_attention.h"
+#include "common/fp8.h"
+#include "common/gpu.h"
+
+namespace aphrodite::attention {
+namespace detail {
+
+#if defined(USE_ROCM)
+constexpr gpuError_t kErrorInvalidValue = hipErrorInvalidValue;
+#else
+constexpr gpuError_t kErrorInvalidValue = cudaErrorInvalidValue;
+#endif
+
+/// Threads per block (4 warps of 32 lanes; on 64-lane wavefronts each half acts as one warp:
+/// every shuffle below stays within 32 lanes).
+inline constexpr int kThreads = 128;
+inline constexpr int kWarp = 32;
+inline constexpr int kWarps = kThreads / kWarp;
+/// Tokens per chunk: the softmax step's unit and the size of the score buffer.
+inline constexpr int kChunk = 256;
+/// Grid limit on sequences (blockIdx.z); the kernels loop beyond it.
+inline constexpr int64_t kMaxGridZ = 65535;
+
+/// N consecutive cache or query elements moved with one load.
+template <typename T, int N>
+struct alignas(sizeof(T) * N) Pack {
+  T v[N];
+};
+
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+#if !defined(USE_ROCM)
+__device__ __forceinline__ float to_float(uint8_t v) { return fp8::to_float(v); }
+#endif
+
+template <typename T>
+__device__ __forceinline__ T from_float(float v) {
+  if constexpr (std::is_same_v<T, float>) {
+    return v;
+  } else if constexpr (std::is_same_v<T, __half>) {
+    return __float2half(v);
+  } else {
+    static_assert(std::is_same_v<T, __nv_bfloat16>, "unsupported element type");
+    return __float2bfloat16(v);
+  }
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = kWarp / 2; o > 0; o >>= 1) v = fmaxf(v, APHRODITE_SHFL_XOR(v, o));
+  return v;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = kWarp / 2; o > 0; o >>= 1) v += APHRODITE_SHFL_XOR(v, o);
+  return v;
+}
+
+__host__ __device__ constexpr int cmin(int a, int b) { return a < b ? a : b; }
+__host__ __device__ constexpr int cmax(int a, int b) { return a > b ? a : b; }
+__host__ __device__ constexpr int cdiv(int a, int b) { return (a + b - 1) / b; }
+
+/// The compile-time shape of one kernel instantiation: query element T, cache element CacheT
+/// (T, or uint8_t for fp8 E4M3), head size, block size, and kG query heads per thread block.
+template <typename T, typename CacheT, int kHead, int kBS, int kG>
+struct Shape {
+  static constexpr bool kFp8 = std::is_same_v<CacheT, uint8_t>;
+  /// Elements per 16 bytes: the key cache's innermost dimension x.
+  static constexpr int kX = 16 / static_cast<int>(sizeof(CacheT));
+  static_assert(kHead % kX == 0, "head size must be a multiple of 16 bytes of cache elements");
+  static_assert(kWarp % kBS == 0 && kChunk % kBS == 0, "block size must divide 32");
+  /// Key pieces (16 bytes) per cache block: kNC of them per token.
+  static constexpr int kNC = kHead / kX;
+  /// QK step: lanes that share a token slot (lane = slot + kBS * j) and pieces per lane.
+  static constexpr int kLanesPerTok = kWarp / kBS;
+  static constexpr int kKIters = cdiv(kNC, kLanesPerTok);
+  static constexpr int kBlocksPerChunk = kChunk / kBS;
+  /// Cache blocks a warp loads at once (q values read from shared memory serve all of them),
+  /// and key pieces per lane and block in one batch: at most 8 loads in flight per lane, so
+  /// that four blocks of 128 threads fit an SM (128 registers a thread).
+  static constexpr int kKBlk = cmin(2, cmax(1, kBlocksPerChunk / kWarps));
+  static constexpr int kKBatch = cmin(kKIters, cmax(1, 8 / kKBlk));
+  static constexpr int kKBatches = cdiv(kKIters, kKBatch);
+  /// PV step: a value vector holds kVE tokens of one dimension (16 bytes, or a whole block row
+  /// when that is shorter), kSeg of them per row; a team of kVTeam warps shares a cache block.
+  static constexpr int kVE = cmin(kX, kBS);
+  static constexpr int kSeg = kBS / kVE;
+  static constexpr int kNPV = kHead * kSeg;
+  static constexpr int team_for(int w) {
+    return (w >= kWarps || cdiv(kNPV, kWarp * w) * kG <= 16) ? w : team_for(w * 2);
+  }
+  static constexpr int kVTeam = cmin(team_for(1), kWarps);
+  static constexpr int kTeams = kWarps / kVTeam;
+  static constexpr int kVIters = cdiv(kNPV, kWarp * kVTeam);
+  static constexpr int kVBlk = cmin(cmax(1, 8 / kVIters), cmax(1, kBlocksPerChunk / kTeams));
+};
+
+/// Arguments of the attention kernel beyond the problem.
+struct Launch {
+  float* exp_sums;   ///< v2 scratch, or nullptr (v1: write `out`)
+  float* max_logits;
+  float* tmp_out;
+  int64_t max_num_partitions;
+  int64_t partition_size;  ///< tokens per thread block; v1: a bound above every sequence
+  int num_splits;          ///< blocks per kv head (ceil(G / kG))
+};
+
+/// One thread block: sequence blockIdx.z (+ k * gridDim.z), kv head blockIdx.x / num_splits,
+/// query heads [split * kG, ...) of its group, tokens of partition blockIdx.y.
+template <typename T, typename CacheT, int kHead, int kBS, int kG>
+__global__ void __launch_bounds__(kThreads)
+    paged_attention_kernel(const PagedAttentionProblem p, const Launch l) {
+  using S = Shape<T, CacheT, kHead, kBS, kG>;
+  __shared__ alignas(16) float q_s[kG][kHead];
+  __shared__ alignas(16) float score_s[kG][kChunk];
+  __shared__ alignas(16) float red_s[kG][kHead];
+  __shared__ float run_max[kG], run_sum[kG], alpha_s[kG];
+
+  const int tid = threadIdx.x;
+  const int warp = tid / kWarp;
+  const int lane = tid % kWarp;
+  const int group = static_cast<int>(p.num_heads / p.num_kv_heads);
+  const int kvh = static_cast<int>(blockIdx.x) / l.num_splits;
+  const int split = static_cast<int>(blockIdx.x) % l.num_splits;
+  const int head0 = kvh * group + split * kG;
+  const int ng = cmin(kG, group - split * kG);  // heads of this block (>= 1)
+  const bool xl = p.pos_bias_u != nullptr;
+  const CacheT* __restrict__ kc = static_cast<const CacheT*>(p.key_cache);
+  const CacheT* __restrict__ vc = static_cast<const CacheT*>(p.value_cache);
+  float k_scale = 1.0f, v_scale = 1.0f;
+  if constexpr (S::kFp8) {
+    k_scale = *p.k_scale;
+    v_scale = *p.v_scale;
+  }
+
+  for (int64_t s = blockIdx.z; s < p.num_seqs; s += gridDim.z) {
+    const int seq_len = p.seq_lens[s];
+    const int64_t begin = static_cast<int64_t>(blockIdx.y) * l.partition_size;
+    if (begin >= seq_len && !(seq_len == 0 && blockIdx.y == 0 && l.exp_sums == nullptr)) {
+      continue;  // an empty partition: the reduce never reads it
+    }
+    const int end = static_cast<int>(
+        seq_len < begin + l.partition_size ? seq_len : begin + l.partition_size);
+    const bool direct = l.exp_sums == nullptr || seq_len <= l.partition_size;
+
+    if (seq_len == 0) {  // v1 only (v2's reduce writes the zeros)
+      for (int i = tid; i < ng * kHead; i += kThreads) {
+        T* o = static_cast<T*>(p.out) + s * p.num_heads * kHead +
+               static_cast<int64_t>(head0 + i / kHead) * kHead + i % kHead;
+        *o = from_float<T>(0.0f);
+      }
+      continue;
+    }
+
+    // q (+ u for XL) of the group's heads, in fp32, times scale (and k_scale for fp8 caches).
+    const float qmul = p.scale * k_scale;
+    for (int i = tid; i < kG * kHead; i += kThreads) {
+      const int g = i / kHead, d = i % kHead;
+      float v = 0.0f;
+      if (g < ng) {
+        const int64_t h = head0 + g;
+        v = to_float(static_cast<const T*>(p.query)[s * p.q_seq_stride + h * p.q_head_stride + d]);
+        if (xl) {
+          v += to_float(
+              static_cast<const T*>(p.pos_bias_u)[s * p.u_seq_stride + h * p.u_head_stride + d]);
+        }
+      }
+      q_s[g][d] = v * qmul;
+    }
+    if (tid < kG) {
+      run_max[tid] = -INFINITY;
+      run_sum[tid] = 0.0f;
+    }
+    float acc[S::kVIters][kG];
+#pragma unroll
+    for (int i = 0; i < S::kVIters; ++i)
+#pragma unroll
+      for (int g = 0; g < kG; ++g) acc[i][g] = 0.0f;
+    __syncthreads();
+
+    const int32_t* __restrict__ table = p.block_tables + s * p.block_table_stride;
+    const float* slopes = p.alibi_slopes;
+    for (int c0 = static_cast<int>(begin); c0 < end; c0 += kChunk) {
+      const int n = cmin(kChunk, end - c0);  // valid tokens of this chunk
+      const int nb = cdiv(n, kBS);           // cache blocks it touches
+      const int first_block = c0 / kBS;      // c0 is a multiple of kBS
+
+      // (1) scores of the chunk: warp `warp` takes cache blocks warp + kWarps * (k * kKBlk + u).
+      {
+        const int slot = lane % kBS;
+        const int cl = lane / kBS;  // first key piece of this lane
+        for (int b0 = warp; b0 < nb; b0 += kWarps * S::kKBlk) {
+          const CacheT* base[S::kKBlk];
+#pragma unroll
+          for (int u = 0; u < S::kKBlk; ++u) {
+            const int b = b0 + u * kWarps;
+            base[u] = nullptr;
+            if (b < nb) {
+              const int64_t phys = table[first_block + b];
+              base[u] = kc + phys * p.kv_block_stride + kvh * p.kv_head_stride + slot * S::kX;
+            }
+          }
+          float dot[S::kKBlk][kG];
+#pragma unroll
+          for (int u = 0; u < S::kKBlk; ++u)
+#pragma unroll
+            for (int g = 0; g < kG; ++g) dot[u][g] = 0.0f;
+#pragma unroll
+          for (int batch = 0; batch < S::kKBatches; ++batch) {
+            Pack<CacheT, S::kX> kr[S::kKBlk][S::kKBatch];
+#pragma unroll
+            for (int u = 0; u < S::kKBlk; ++u) {
+#pragma unroll
+              for (int i = 0; i < S::kKBatch; ++i) {
+                const int c = cl + S::kLanesPerTok * (batch * S::kKBatch + i);
+                if (base[u] != nullptr && c < S::kNC) {
+                  kr[u][i] = *reinterpret_cast<const Pack<CacheT, S::kX>*>(
+                      base[u] + static_cast<int64_t>(c) * kBS * S::kX);
+                }
+              }
+            }
+#pragma unroll
+            for (int i = 0; i < S::kKBatch; ++i) {
+              const int c = cl + S::kLanesPerTok * (batch * S::kKBatch + i);
+              if (c < S::kNC) {
+#pragma unroll
+                for (int g = 0; g < kG; ++g) {
+                  if (g < ng) {
+#pragma unroll
+                    for (int e4 = 0; e4 < S::kX; e4 += 4) {
+                      const float4 qv = *reinterpret_cast<const float4*>(&q_s[g][c * S::kX + e4]);
+#pragma unroll
+                      for (int u = 0; u < S::kKBlk; ++u) {
+                        if (base[u] != nullptr) {
+                          dot[u][g] += qv.x * to_float(kr[u][i].v[e4]) +
+                                       qv.y * to_float(kr[u][i].v[e4 + 1]) +
+                                       qv.z * to_float(kr[u][i].v[e4 + 2]) +
+                                       qv.w * to_float(kr[u][i].v[e4 + 3]);
+                        }
+                      }
+                    }
+                  }
+                }
+              }
+            }
+          }
+#pragma unroll
+          for (int u = 0; u < S::kKBlk; ++u) {
+#pragma unroll
+            for (int g = 0; g < kG; ++g) {
+#pragma unroll
+              for (int o = kBS; o < kWarp; o <<= 1) dot[u][g] += APHRODITE_SHFL_XOR(dot[u][g], o);
+            }
+            const int b = b0 + u * kWarps;
+            const int t = b * kBS + slot;  // token within the chunk
+            if (b < nb && lane < kBS && t < n) {
+              const int j = c0 + t;  // token within the sequence
+#pragma unroll
+              for (int g = 0; g < kG; ++g) {
+                if (g < ng) {
+                  const int64_t h = head0 + g;
+                  float sc = dot[u][g];
+                  if (slopes != nullptr) sc += slopes[h] * static_cast<float>(j - seq_len + 1);
+                  if (xl) {
+                    sc += to_float(static_cast<const T*>(
+                        p.matrix_bd)[s * p.bd_seq_stride + h * p.bd_head_stride + j]);
+                  }
+                  score_s[g][t] = sc;
+                }
+              }
+            }
+          }
+        }
+      }
+      __syncthreads();
+
+      // (2) softmax step: warp w updates heads w, w + kWarps, ... over this chunk.
+      const int nfill = nb * kBS;  // the PV step reads whole blocks; the tail gets p = 0
+      for (int g = warp; g < ng; g += kWarps) {
+        float m = -INFINITY;
+        for (int t = lane; t < n; t += kWarp) m = fmaxf(m, score_s[g][t]);
+        m = warp_max(m);
+        const float m_old = run_max[g];
+        const float m_new = fmaxf(m_old, m);
+        float sum = 0.0f;
+        for (int t = lane; t < nfill; t += kWarp) {
+          float e = 0.0f;
+          if (t < n && m_new != -INFINITY) {
+            e = __expf(score_s[g][t] - m_new);
+            sum += e;
+          }
+          score_s[g][t] = e;
+        }
+        sum = warp_sum(sum);
+        if (lane == 0) {
+          const float alpha = m_old == -INFINITY ? 0.0f : __expf(m_old - m_new);
+          alpha_s[g] = alpha;
+          run_sum[g] = run_sum[g] * alpha + sum;
+          run_max[g] = m_new;
+        }
+      }
+      __syncthreads();
+
+      // (3) acc = acc * alpha + p . v: team `team` takes cache blocks team + kTeams * k.
+      {
+#pragma unroll
+        for (int g = 0; g < kG; ++g) {
+          const float a = g < ng ? alpha_s[g] : 0.0f;
+#pragma unroll
+          for (int i = 0; i < S::kVIters; ++i) acc[i][g] *= a;
+        }
+        const int team = warp / S::kVTeam;
+        const int tt = tid % (S::kVTeam * kWarp);  // thread within the team
+        const int seg = tt % S::kSeg;              // the same for all of its pieces
+        for (int b0 = team; b0 < nb; b0 += S::kTeams * S::kVBlk) {
+          // Every load of the step is issued before any of them is used.
+          Pack<CacheT, S::kVE> vr[S::kVBlk][S::kVIters];
+#pragma unroll
+          for (int u = 0; u < S::kVBlk; ++u) {
+            const int b = b0 + u * S::kTeams;
+            if (b < nb) {
+              const int64_t phys = table[first_block + b];
+              const CacheT* vb = vc + phys * p.kv_block_stride + kvh * p.kv_head_stride;
+#pragma unroll
+              for (int i = 0; i < S::kVIters; ++i) {
+                const int pi = tt + S::kVTeam * kWarp * i;
+                if (pi < S::kNPV) {
+                  // piece pi = (d, seg): row d of the block, tokens [seg * kVE, +kVE)
+                  vr[u][i] = *reinterpret_cast<const Pack<CacheT, S::kVE>*>(
+                      vb + static_cast<int64_t>(pi / S::kSeg) * kBS + seg * S::kVE);
+                }
+              }
+            }
+          }
+#pragma unroll
+          for (int u = 0; u < S::kVBlk; ++u) {
+            const int b = b0 + u * S::kTeams;
+            if (b >= nb) break;
+            const int t0 = b * kBS + seg * S::kVE;  // first token of the pieces, in the chunk
+            if (t0 + S::kVE > n) {
+              // The sequence's last, partial block: its unused slots may hold anything (NaN),
+              // and p = 0 does not cancel NaN.
+#pragma unroll
+              for (int i = 0; i < S::kVIters; ++i)
+#pragma unroll
+                for (int e = 0; e < S::kVE; ++e)
+                  if (t0 + e >= n) vr[u][i].v[e] = CacheT{};
+            }
+#pragma unroll
+            for (int g = 0; g < kG; ++g) {
+              if (g < ng) {
+                float pr[S::kVE];
+#pragma unroll
+                for (int e4 = 0; e4 < S::kVE; e4 += 4) {
+                  const float4 pv = *reinterpret_cast<const float4*>(&score_s[g][t0 + e4]);
+                  pr[e4] = pv.x;
+                  pr[e4 + 1] = pv.y;
+                  pr[e4 + 2] = pv.z;
+                  pr[e4 + 3] = pv.w;
+                }
+#pragma unroll
+                for (int i = 0; i < S::kVIters; ++i) {
+                  float sum = 0.0f;
+#pragma unroll
+                  for (int e = 0; e < S::kVE; ++e) sum += pr[e] * to_float(vr[u][i].v[e]);
+                  acc[i][g] += sum;
+                }
+              }
+            }
+          }
+        }
+      }
+      __syncthreads();
+    }
+
+    // Combine: the kSeg lanes of a row (adjacent lanes), then the teams, through red_s.
+#pragma unroll
+    for (int i = 0; i < S::kVIters; ++i)
+#pragma unroll
+      for (int g = 0; g < kG; ++g)
+#pragma unroll
+        for (int o = 1; o < S::kSeg; o <<= 1) acc[i][g] += APHRODITE_SHFL_XOR(acc[i][g], o);
+    {
+      const int team = warp / S::kVTeam;
+      const int tt = tid % (S::kVTeam * kWarp);
+      for (int k = 0; k < S::kTeams; ++k) {
+        if (team == k && tt % S::kSeg == 0) {
+#pragma unroll
+          for (int i = 0; i < S::kVIters; ++i) {
+            const int pi = tt + S::kVTeam * kWarp * i;
+            if (pi < S::kNPV) {
+              const int d = pi / S::kSeg;
+#pragma unroll
+              for (int g = 0; g < kG; ++g) {
+                red_s[g][d] = k == 0 ? acc[i][g] : red_s[g][d] + acc[i][g];
+              }
+            }
+          }
+        }
+        __syncthreads();
+      }
+    }
+
+    // Write: out (v1, or a sequence of one partition) or the partition's scratch.
+    for (int i = tid; i < ng * kHead; i += kThreads) {
+      const int g = i / kHead, d = i % kHead;
+      const int64_t h = head0 + g;
+      const float total = run_sum[g];
+      const float v = total > 0.0f ? red_s[g][d] * v_scale / total : 0.0f;
+      if (direct) {
+        static_cast<T*>(p.out)[(s * p.num_heads + h) * kHead + d] = from_float<T>(v);
+      } else {
+        const int64_t row = (s * p.num_heads + h) * l.max_num_partitions + blockIdx.y;
+        l.tmp_out[row * kHead + d] = v;
+        if (d == 0) {
+          l.max_logits[row] = run_max[g];
+          l.exp_sums[row] = total;
+        }
+      }
+    }
+    __syncthreads();  // q_s, run_* and red_s are reused by the next sequence
+  }
+}
+
+/// Threads of the reduce: warp w takes partitions w, w + 8, ...; lane l dimensions 4l + 128k.
+inline constexpr int kReduceThreads = 256;
+inline constexpr int kReduceWarps = kReduceThreads / kWarp;
+/// Largest head size the reduce's shared buffer holds (the largest the generator offers).
+inline constexpr int kReduceMaxHead = 256;
+
+/// v2's reduce: out[s, h] = sum_p w_p tmp_out[s, h, p] / sum_p w_p, w_p = exp_sum_p *
+/// exp(max_p - max). One block per (head, sequence); its warps split the partitions so that
+/// many loads are in flight even for one sequence. Sequences of one partition were written by
+/// the attention kernel; sequences of length 0 get zeros here. head_size % 4 == 0.
+template <typename T>
+__global__ void __launch_bounds__(kReduceThreads)
+    paged_attention_reduce_kernel(const PagedAttentionProblem p, const Launch l) {
+  __shared__ float red[kReduceWarps];
+  __shared__ alignas(16) float part[kReduceWarps][kReduceMaxHead];
+  const int64_t h = blockIdx.x;
+  const int warp = threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  const int head = static_cast<int>(p.head_size);
+  for (int64_t s = blockIdx.z; s < p.num_seqs; s += gridDim.z) {
+    const int64_t seq_len = p.seq_lens[s];
+    T* out = static_cast<T*>(p.out) + (s * p.num_heads + h) * head;
+    if (seq_len == 0) {
+      for (int d = threadIdx.x; d < head; d += kReduceThreads) out[d] = from_float<T>(0.0f);
+      continue;
+    }
+    if (seq_len <= l.partition_size) continue;
+    // Clamped so that a max_seq_len below a sequence's length (a caller's error) cannot make
+    // the reduce read past the scratch rows.
+    int64_t np64 = (seq_len + l.partition_size - 1) / l.partition_size;
+    if (np64 > l.max_num_partitions) np64 = l.max_num_partitions;
+    const int np = static_cast<int>(np64);
+    const int64_t row = (s * p.num_heads + h) * l.max_num_partitions;
+    const float* maxes = l.max_logits + row;
+    const float* sums = l.exp_sums + row;
+    // The largest partition max, then the weights' sum.
+    float m = -INFINITY;
+    for (int i = threadIdx.x; i < np; i += kReduceThreads) m = fmaxf(m, maxes[i]);
+    m = warp_max(m);
+    if (lane == 0) red[warp] = m;
+    __syncthreads();
+    m = red[0];
+#pragma unroll
+    for (int w = 1; w < kReduceWarps; ++w) m = fmaxf(m, red[w]);
+    __syncthreads();  // red is reused below
+    float den = 0.0f;
+    for (int i = threadIdx.x; i < np; i += kReduceThreads) {
+      den += maxes[i] == -INFINITY ? 0.0f : sums[i] * __expf(maxes[i] - m);
+    }
+    den = warp_sum(den);
+    if (lane == 0) red[warp] = den;
+    // Partial numerators: warp `warp` over its partitions, 4 dimensions a lane.
+    for (int d0 = lane * 4; d0 < head; d0 += kWarp * 4) {
+      float4 num = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 4
+      for (int i = warp; i < np; i += kReduceWarps) {
+        const float mi = maxes[i];
+        const float w = mi == -INFINITY ? 0.0f : sums[i] * __expf(mi - m);
+        const float4 t = *reinterpret_cast<const float4*>(l.tmp_out + (row + i) * head + d0);
+        num.x += w * t.x;
+        num.y += w * t.y;
+        num.z += w * t.z;
+        num.w += w * t.w;
+      }
+      *reinterpret_cast<float4*>(&part[warp][d0]) = num;
+    }
+    __syncthreads();
+    den = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kReduceWarps; ++w) den += red[w];
+    for (int d = threadIdx.x; d < head; d += kReduceThreads) {
+      float num = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kReduceWarps; ++w) num += part[w][d];
+      out[d] = from_float<T>(den > 0.0f ? num / den : 0.0f);
+    }
+    __syncthreads();  // red and part are reused by the next sequence
+  }
+}
+
+}  // namespace detail
+
+/// @brief Launches the attention kernel of one (T, CacheT, head size, block size) for `p`
+/// (v1 when `scratch` is nullptr, else v2's split step; the reduce is launched by the caller).
+/// Picks kG (query heads per block) from the GQA group size. Returns the launch's error code.
+template <typename T, typename CacheT, int kHead, int kBS>
+gpuError_t paged_attention_run(const PagedAttentionProblem& p,
+                               const PagedAttentionV2Scratch* scratch, gpuStream_t stream) {
+  const int64_t group = p.num_heads / p.num_kv_heads;
+  detail::Launch l{};
+  int64_t partitions = 1;
+  if (scratch != nullptr) {
+    l.exp_sums = scratch->exp_sums;
+    l.max_logits = scratch->max_logits;
+    l.tmp_out = scratch->tmp_out;
+    l.max_num_partitions = scratch->max_num_partitions;
+    l.partition_size = scratch->partition_size;
+    partitions = scratch->max_num_partitions;
+  } else {
+    l.partition_size = int64_t{1} << 40;  // one partition, whatever max_seq_len says
+  }
+  const unsigned grid_z =
+      static_cast<unsigned>(p.num_seqs < detail::kMaxGridZ ? p.num_seqs : detail::kMaxGridZ);
+  auto launch = [&](auto kernel, int kG) {
+    l.num_splits = static_cast<int>((group + kG - 1) / kG);
+    const dim3 grid(static_cast<unsigned>(p.num_kv_heads * l.num_splits),
+                    static_cast<unsigned>(partitions), grid_z);
+    kernel<<<grid, detail::kThreads, 0, stream>>>(p, l);
+    return gpuGetLastError();
+  };
+  // Group sizes 2 and 3 take the kG = 4 kernel (idle heads cost compute, not bandwidth): one
+  // instantiation fewer per file keeps the build's compile time down.
+  if (group <= 1) return launch(detail::paged_attention_kernel<T, CacheT, kHead, kBS, 1>, 1);
+  if (group <= 4) return launch(detail::paged_attention_kernel<T, CacheT, kHead, kBS, 4>, 4);
+  return launch(detail::paged_attention_kernel<T, CacheT, kHead, kBS, 8>, 8);
+}
+
+/// @brief Launches v2's reduce for query element T.
+template <typename T>
+gpuError_t paged_attention_reduce(const PagedAttentionProblem& p,
+                                  const PagedAttentionV2Scratch& scratch, gpuStream_t stream) {
+  detail::Launch l{};
+  l.exp_sums = scratch.exp_sums;
+  l.max_logits = scratch.max_logits;
+  l.tmp_out = scratch.tmp_out;
+  l.max_num_partitions = scratch.max_num_partitions;
+  l.partition_size = scratch.partition_size;
+  const unsigned grid_z =
+      static_cast<unsigned>(p.num_seqs < detail::kMaxGridZ ? p.num_seqs : detail::kMaxGridZ);
+  const dim3 grid(static_cast<unsigned>(p.num_heads), 1, grid_z);
+  detail::paged_attention_reduce_kernel<T><<<grid, detail::kReduceThreads, 0, stream>>>(p, l);
+  return gpuGetLastError();
+}
+
+}  // namespace aphrodite::attention
