@@ -9,6 +9,7 @@
 
 #include "activation/activation.h"
 #include "common/gpu.h"
+#include "common/vec.cuh"
 
 namespace aphrodite::activation {
 namespace detail {
@@ -22,28 +23,6 @@ inline constexpr int kActMinThreads = 64;
 /// Grid limits; the kernel loops when the problem needs more blocks than these.
 inline constexpr int64_t kActMaxGridX = int64_t{1} << 20;
 inline constexpr int64_t kActMaxGridY = 65535;
-
-/// N consecutive elements moved with one load or store of sizeof(T) * N bytes.
-template <typename T, int N>
-struct alignas(sizeof(T) * N) ActVec {
-  T v[N];
-};
-
-__device__ __forceinline__ float act_to_float(float v) { return v; }
-__device__ __forceinline__ float act_to_float(__half v) { return __half2float(v); }
-__device__ __forceinline__ float act_to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-
-template <typename T>
-__device__ __forceinline__ T act_from_float(float v) {
-  if constexpr (std::is_same_v<T, float>) {
-    return v;
-  } else if constexpr (std::is_same_v<T, __half>) {
-    return __float2half(v);
-  } else {
-    static_assert(std::is_same_v<T, __nv_bfloat16>, "unsupported element type");
-    return __float2bfloat16(v);
-  }
-}
 
 /// The activation applied to the first half of a row, in fp32.
 template <Kind K>
@@ -69,7 +48,7 @@ template <Kind K, typename T, int kVec>
 __global__ void __launch_bounds__(kActThreads)
     act_and_mul_kernel(T* __restrict__ out, const T* __restrict__ in, int64_t num_tokens,
                        int64_t d, int64_t out_row_stride, int64_t in_row_stride) {
-  using V = ActVec<T, kVec>;
+  using V = Vec<T, kVec>;
   const int64_t num_vecs = d / kVec;
   const int64_t col_begin = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
   const int64_t col_step = static_cast<int64_t>(gridDim.y) * blockDim.x;
@@ -85,7 +64,7 @@ __global__ void __launch_bounds__(kActThreads)
       V r;
 #pragma unroll
       for (int i = 0; i < kVec; ++i) {
-        r.v[i] = act_from_float<T>(act_fn<K>(act_to_float(a.v[i])) * act_to_float(b.v[i]));
+        r.v[i] = from_float<T>(act_fn<K>(to_float(a.v[i])) * to_float(b.v[i]));
       }
       *reinterpret_cast<V*>(o + c * kVec) = r;
     }

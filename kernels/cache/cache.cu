@@ -18,18 +18,13 @@
 #include <type_traits>
 
 #include "common/gpu.h"
+#include "common/vec.cuh"
 #if !defined(USE_ROCM)
 #include "common/fp8.h"
 #endif
 
 namespace aphrodite::cache {
 namespace {
-
-#if defined(USE_ROCM)
-constexpr gpuError_t kErrorInvalidValue = hipErrorInvalidValue;
-#else
-constexpr gpuError_t kErrorInvalidValue = cudaErrorInvalidValue;
-#endif
 
 constexpr int kThreads = 256;
 /// Tokens per block of reshape_and_cache: one warp's width, so that a warp of the paged value
@@ -80,10 +75,6 @@ __device__ __forceinline__ void store_chunk(T* __restrict__ dst, const Chunk<T, 
     for (int i = 0; i < N; ++i) dst[i] = r.v[i];
   }
 }
-
-__device__ __forceinline__ float to_float(float v) { return v; }
-__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
 
 /// A cache element from an input element: the same bits for kAuto caches (In == Out, raw
 /// unsigned integers), fp8(x * inv_scale) for fp8 caches.
@@ -320,26 +311,26 @@ gpuError_t launch_copy_typed(const CopyBlocksProblem& p, gpuStream_t stream) {
 
 gpuError_t launch_reshape_and_cache(const ReshapeAndCacheProblem& p, gpuStream_t stream) {
   if (p.num_tokens == 0 || p.num_kv_heads == 0 || p.head_size == 0) return gpuSuccess;
-  if (p.num_kv_heads > kMaxGridY || p.head_size > (int64_t{1} << 20)) return kErrorInvalidValue;
+  if (p.num_kv_heads > kMaxGridY || p.head_size > (int64_t{1} << 20)) return gpuErrorInvalidValue;
   if (p.cache_dtype == KvCacheDtype::kAuto) {
     if (p.dtype == ScalarType::kFloat32) return launch_reshape_typed<uint32_t, uint32_t>(p, stream);
     return launch_reshape_typed<uint16_t, uint16_t>(p, stream);
   }
 #if defined(USE_ROCM)
-  return kErrorInvalidValue;
+  return gpuErrorInvalidValue;
 #else
   switch (p.dtype) {
     case ScalarType::kFloat32: return launch_reshape_typed<float, uint8_t>(p, stream);
     case ScalarType::kFloat16: return launch_reshape_typed<__half, uint8_t>(p, stream);
     case ScalarType::kBFloat16: return launch_reshape_typed<__nv_bfloat16, uint8_t>(p, stream);
   }
-  return kErrorInvalidValue;
+  return gpuErrorInvalidValue;
 #endif
 }
 
 gpuError_t launch_copy_blocks(const CopyBlocksProblem& p, gpuStream_t stream) {
   if (p.num_pairs == 0 || p.num_layers == 0) return gpuSuccess;
-  if (p.num_layers > kMaxGridY || p.num_pairs > INT32_MAX) return kErrorInvalidValue;
+  if (p.num_layers > kMaxGridY || p.num_pairs > INT32_MAX) return gpuErrorInvalidValue;
   switch (p.alignment) {
     case 16: return launch_copy_typed<uint4>(p, stream);
     case 8: return launch_copy_typed<uint2>(p, stream);

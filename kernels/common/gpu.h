@@ -13,6 +13,7 @@
 using gpuStream_t = cudaStream_t;
 using gpuError_t = cudaError_t;
 constexpr gpuError_t gpuSuccess = cudaSuccess;
+constexpr gpuError_t gpuErrorInvalidValue = cudaErrorInvalidValue;
 #define gpuGetLastError cudaGetLastError
 #define gpuGetErrorString cudaGetErrorString
 #define APHRODITE_WARP_SIZE 32

@@ -22,11 +22,11 @@
 
 #include "common/fp8.h"
 #include "common/gpu.h"
+#include "common/vec.cuh"
 
 namespace aphrodite::fp8_quant {
 namespace {
 
-constexpr gpuError_t kErrorInvalidValue = cudaErrorInvalidValue;
 
 /// Block of the elementwise kernels (static, and both dynamic per-tensor passes).
 constexpr int kThreads = 256;
@@ -50,16 +50,6 @@ constexpr int kStreamBatch = 4;
 constexpr int64_t kMaxPartials = 1024;
 /// Grid limit of the per-token kernels; they loop over rows beyond it.
 constexpr int64_t kMaxGridX = int64_t{1} << 20;
-
-/// N consecutive elements moved with one load of sizeof(T) * N bytes.
-template <typename T, int N>
-struct alignas(sizeof(T) * N) Vec {
-  T v[N];
-};
-
-__device__ __forceinline__ float to_float(float v) { return v; }
-__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
 
 /// Hides v's value from the optimiser, so that the fp32 copies made for the max are not kept
 /// alive until the quantization (the packed elements take half the registers or fewer).
@@ -480,7 +470,7 @@ int64_t grid_for(uint32_t num_tiles, int64_t cap) {
 template <typename T, int kVec>
 gpuError_t launch_static_vec(const QuantProblem& p, gpuStream_t stream) {
   Tiles<T> a;
-  if (!make_tiles<T, kVec, kThreads>(p, a)) return kErrorInvalidValue;
+  if (!make_tiles<T, kVec, kThreads>(p, a)) return gpuErrorInvalidValue;
   static std::atomic<int> per_sm{0};
   const int64_t resident = resident_blocks(per_sm, static_quant_kernel<T, kVec>, kThreads);
   const int64_t grid = grid_for(a.num_tiles, sm_count() * resident);
@@ -507,15 +497,15 @@ int64_t dynamic_workspace(const QuantProblem& p) {
 template <typename T, int kVec>
 gpuError_t launch_dynamic_vec(const QuantProblem& p, gpuStream_t stream) {
   Tiles<T> small;
-  if (!make_tiles<T, kVec, kSmallThreads>(p, small)) return kErrorInvalidValue;
+  if (!make_tiles<T, kVec, kSmallThreads>(p, small)) return gpuErrorInvalidValue;
   if (small.num_tiles <= kSmallTiles) {
     // Also the path of an empty input, which still writes its scale (0).
     dynamic_quant_small_kernel<T, kVec><<<1, kSmallThreads, 0, stream>>>(small);
     return gpuGetLastError();
   }
   Tiles<T> a;
-  if (!make_tiles<T, kVec, kThreads>(p, a)) return kErrorInvalidValue;
-  if (p.workspace == nullptr) return kErrorInvalidValue;
+  if (!make_tiles<T, kVec, kThreads>(p, a)) return gpuErrorInvalidValue;
+  if (p.workspace == nullptr) return gpuErrorInvalidValue;
   const int64_t sms = sm_count();
   static std::atomic<int> absmax_per_sm{0};
   static std::atomic<int> quant_per_sm{0};
@@ -591,7 +581,7 @@ enum class Op { kStatic, kDynamic, kPerToken };
 /// Takes the 16-byte path where the pointers and strides allow it, else the one-element path.
 template <typename T>
 gpuError_t run(Op op, const QuantProblem& p, gpuStream_t stream) {
-  if (p.num_tokens < 0 || p.hidden < 0) return kErrorInvalidValue;
+  if (p.num_tokens < 0 || p.hidden < 0) return gpuErrorInvalidValue;
   constexpr int kVec = static_cast<int>(16 / sizeof(T));
   const bool vectorised = rows_vectorisable<kVec>(p, op != Op::kPerToken);
   switch (op) {
@@ -604,11 +594,11 @@ gpuError_t run(Op op, const QuantProblem& p, gpuStream_t stream) {
                         : launch_dynamic_vec<T, 1>(p, stream);
     case Op::kPerToken:
       if (p.num_tokens == 0) return gpuSuccess;
-      if (p.hidden > INT32_MAX) return kErrorInvalidValue;
+      if (p.hidden > INT32_MAX) return gpuErrorInvalidValue;
       return vectorised ? launch_per_token_vec<T, kVec>(p, stream)
                         : launch_per_token_vec<T, 1>(p, stream);
   }
-  return kErrorInvalidValue;
+  return gpuErrorInvalidValue;
 }
 
 gpuError_t dispatch(Op op, const QuantProblem& p, gpuStream_t stream) {
@@ -617,7 +607,7 @@ gpuError_t dispatch(Op op, const QuantProblem& p, gpuStream_t stream) {
     case ScalarType::kFloat16: return run<__half>(op, p, stream);
     case ScalarType::kBFloat16: return run<__nv_bfloat16>(op, p, stream);
   }
-  return kErrorInvalidValue;
+  return gpuErrorInvalidValue;
 }
 
 }  // namespace

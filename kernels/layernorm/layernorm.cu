@@ -10,15 +10,10 @@
 #include <type_traits>
 
 #include "common/gpu.h"
+#include "common/vec.cuh"
 
 namespace aphrodite::layernorm {
 namespace {
-
-#if defined(USE_ROCM)
-constexpr gpuError_t kErrorInvalidValue = hipErrorInvalidValue;
-#else
-constexpr gpuError_t kErrorInvalidValue = cudaErrorInvalidValue;
-#endif
 
 /// Block of the kernel that re-reads rows; also its launch bound.
 constexpr int kStreamThreads = 512;
@@ -41,28 +36,6 @@ constexpr int kMaxFusedCache = kMaxCache / 2;
 constexpr int64_t kPipelineMinBlocks = 8192;
 /// Grid limit; the kernels loop over rows beyond it.
 constexpr int64_t kMaxGridX = int64_t{1} << 20;
-
-/// N consecutive elements moved with one load or store of sizeof(T) * N bytes.
-template <typename T, int N>
-struct alignas(sizeof(T) * N) Vec {
-  T v[N];
-};
-
-__device__ __forceinline__ float to_float(float v) { return v; }
-__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-
-template <typename T>
-__device__ __forceinline__ T from_float(float v) {
-  if constexpr (std::is_same_v<T, float>) {
-    return v;
-  } else if constexpr (std::is_same_v<T, __half>) {
-    return __float2half(v);
-  } else {
-    static_assert(std::is_same_v<T, __nv_bfloat16>, "unsupported element type");
-    return __float2bfloat16(v);
-  }
-}
 
 /// Hides v's value from the optimiser, so that the fp32 copies made for the sum of squares are
 /// not kept alive until the output pass (the packed elements take half the registers).
@@ -384,7 +357,7 @@ gpuError_t launch_shaped(const NormArgs<T>& a, gpuStream_t stream) {
     case 4: return launch_kernel<T, kVec, 4, kFused>(a, tx, ty, stream);
     case 8:
       if constexpr (!kFused) return launch_kernel<T, kVec, 8, kFused>(a, tx, ty, stream);
-      return kErrorInvalidValue;  // unreachable: the fused kernels cache at most 4 vectors
+      return gpuErrorInvalidValue;  // unreachable: the fused kernels cache at most 4 vectors
     default: return launch_kernel<T, kVec, 0, kFused>(a, tx, ty, stream);
   }
 }
@@ -393,7 +366,7 @@ gpuError_t launch_shaped(const NormArgs<T>& a, gpuStream_t stream) {
 template <typename T, bool kFused>
 gpuError_t launch_typed(const NormArgs<T>& a, gpuStream_t stream) {
   if (a.rows <= 0 || a.hidden <= 0) return gpuSuccess;
-  if (a.hidden > INT32_MAX) return kErrorInvalidValue;
+  if (a.hidden > INT32_MAX) return gpuErrorInvalidValue;
   constexpr int kVec = static_cast<int>(16 / sizeof(T));
   bool vectorised = a.hidden % kVec == 0 && a.out_stride % kVec == 0 &&
                     a.in_stride % kVec == 0 && aligned16(a.out) && aligned16(a.in) &&
@@ -445,7 +418,7 @@ gpuError_t launch_rms_norm(const RmsNormProblem& p, gpuStream_t stream) {
     case ScalarType::kFloat16: return run_rms_norm<__half>(p, stream);
     case ScalarType::kBFloat16: return run_rms_norm<__nv_bfloat16>(p, stream);
   }
-  return kErrorInvalidValue;
+  return gpuErrorInvalidValue;
 }
 
 /// @brief Launches residual = T(input + residual), input = rms_norm(residual) * weight on
@@ -457,7 +430,7 @@ gpuError_t launch_fused_add_rms_norm(const FusedAddRmsNormProblem& p, gpuStream_
     case ScalarType::kFloat16: return run_fused_add_rms_norm<__half>(p, stream);
     case ScalarType::kBFloat16: return run_fused_add_rms_norm<__nv_bfloat16>(p, stream);
   }
-  return kErrorInvalidValue;
+  return gpuErrorInvalidValue;
 }
 
 }  // namespace aphrodite::layernorm

@@ -19,12 +19,6 @@
 namespace aphrodite::moe {
 namespace {
 
-#if defined(USE_ROCM)
-constexpr gpuError_t kErrorInvalidValue = hipErrorInvalidValue;
-#else
-constexpr gpuError_t kErrorInvalidValue = cudaErrorInvalidValue;
-#endif
-
 constexpr int kMaxThreads = 1024;
 /// The widest warp the host may launch for: block sizes are multiples of it, and there are at
 /// least as many warps as histogram rows (AMD's CDNA waves are 64 lanes, RDNA's 32).
@@ -235,7 +229,7 @@ gpuError_t launch_typed(const MoeAlignProblem& p, gpuStream_t stream) {
   const int64_t E = p.num_experts;
   const int64_t map_ints = p.expert_map != nullptr ? E : 0;
   const int64_t max_rows = (kSmemBudgetInts - map_ints) / E;
-  if (max_rows < 1) return kErrorInvalidValue;
+  if (max_rows < 1) return gpuErrorInvalidValue;
 
   // Enough threads for one expert each in phase B (at least 256 so that the fills spread), a
   // full block once the input is large enough for 32 chunk warps to matter.
@@ -278,7 +272,7 @@ gpuError_t launch_moe_align_block_size(const MoeAlignProblem& p, gpuStream_t str
       p.sorted_capacity < align_required_capacity(p.numel, p.num_experts, p.block_size) ||
       p.num_blocks * p.block_size < align_required_capacity(p.numel, p.num_experts,
                                                             p.block_size)) {
-    return kErrorInvalidValue;
+    return gpuErrorInvalidValue;
   }
   return p.ids_int64 ? launch_typed<int64_t>(p, stream) : launch_typed<int32_t>(p, stream);
 }

@@ -10,44 +10,15 @@
 #include <cstdint>
 
 #include "common/gpu.h"
+#include "common/vec.cuh"
 
 namespace aphrodite::moe {
 namespace {
-
-#if defined(USE_ROCM)
-constexpr gpuError_t kErrorInvalidValue = hipErrorInvalidValue;
-#else
-constexpr gpuError_t kErrorInvalidValue = cudaErrorInvalidValue;
-#endif
 
 // Small blocks: a decode-sized row (one token) still spreads over many SMs.
 constexpr int kThreads = 128;
 constexpr int kMaxUnrolledK = 8;
 constexpr int64_t kMaxBlocks = int64_t{1} << 20;
-
-template <typename T, int N>
-struct alignas(sizeof(T) * N) Vec {
-  T v[N];
-};
-
-__device__ __forceinline__ float to_float(float v) { return v; }
-__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-
-template <typename T>
-__device__ __forceinline__ T from_float(float v);
-template <>
-__device__ __forceinline__ float from_float<float>(float v) {
-  return v;
-}
-template <>
-__device__ __forceinline__ __half from_float<__half>(float v) {
-  return __float2half_rn(v);
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
 
 template <typename T>
 struct SumArgs {
@@ -167,13 +138,13 @@ gpuError_t launch_typed(const MoeSumProblem& p, gpuStream_t stream) {
 /// once to the element type. Returns the launch's error code.
 gpuError_t launch_moe_sum(const MoeSumProblem& p, gpuStream_t stream) {
   if (p.num_tokens <= 0 || p.hidden <= 0) return gpuSuccess;
-  if (p.topk < 0) return kErrorInvalidValue;
+  if (p.topk < 0) return gpuErrorInvalidValue;
   switch (p.dtype) {
     case ScalarType::kFloat32: return launch_typed<float>(p, stream);
     case ScalarType::kFloat16: return launch_typed<__half>(p, stream);
     case ScalarType::kBFloat16: return launch_typed<__nv_bfloat16>(p, stream);
   }
-  return kErrorInvalidValue;
+  return gpuErrorInvalidValue;
 }
 
 }  // namespace aphrodite::moe

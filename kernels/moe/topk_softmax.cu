@@ -15,15 +15,10 @@
 #include <type_traits>
 
 #include "common/gpu.h"
+#include "common/vec.cuh"
 
 namespace aphrodite::moe {
 namespace {
-
-#if defined(USE_ROCM)
-constexpr gpuError_t kErrorInvalidValue = hipErrorInvalidValue;
-#else
-constexpr gpuError_t kErrorInvalidValue = cudaErrorInvalidValue;
-#endif
 
 /// The fast path's limits.
 constexpr int64_t kFastMaxExperts = 512;
@@ -38,16 +33,6 @@ constexpr int kGenericThreads = 256;
 constexpr int64_t kMaxGridX = int64_t{1} << 20;
 
 using Key = unsigned long long;
-
-/// N consecutive elements moved with one load of sizeof(T) * N bytes.
-template <typename T, int N>
-struct alignas(sizeof(T) * N) Vec {
-  T v[N];
-};
-
-__device__ __forceinline__ float to_float(float v) { return v; }
-__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
 
 __device__ __forceinline__ float neg_inf() { return __uint_as_float(0xff800000u); }
 
@@ -284,7 +269,7 @@ gpuError_t launch_group(const Args<T>& a, gpuStream_t stream) {
 template <typename T, int kLanes, int kPer, int kMaxPer>
 gpuError_t launch_group_per_lane(const Args<T>& a, int per_lane, gpuStream_t stream) {
   if constexpr (kPer > kMaxPer) {
-    return kErrorInvalidValue;  // unreachable: the caller keeps per_lane in range
+    return gpuErrorInvalidValue;  // unreachable: the caller keeps per_lane in range
   } else {
     if (per_lane == kPer) return launch_group<T, kLanes, kPer>(a, stream);
     return launch_group_per_lane<T, kLanes, kPer + 1, kMaxPer>(a, per_lane, stream);
@@ -307,7 +292,7 @@ template <typename T>
 gpuError_t launch_typed(const TopkSoftmaxProblem& p, gpuStream_t stream) {
   if (p.num_tokens <= 0 || p.k <= 0) return gpuSuccess;
   if (p.num_experts <= 0 || p.k > p.num_experts || p.num_experts > INT32_MAX) {
-    return kErrorInvalidValue;
+    return gpuErrorInvalidValue;
   }
   Args<T> a;
   a.weights = p.topk_weights;
@@ -348,7 +333,7 @@ gpuError_t launch_topk_softmax(const TopkSoftmaxProblem& p, gpuStream_t stream) 
     case ScalarType::kFloat16: return launch_typed<__half>(p, stream);
     case ScalarType::kBFloat16: return launch_typed<__nv_bfloat16>(p, stream);
   }
-  return kErrorInvalidValue;
+  return gpuErrorInvalidValue;
 }
 
 }  // namespace aphrodite::moe

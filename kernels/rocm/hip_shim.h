@@ -8,6 +8,7 @@
 using gpuStream_t = hipStream_t;
 using gpuError_t = hipError_t;
 constexpr gpuError_t gpuSuccess = hipSuccess;
+constexpr gpuError_t gpuErrorInvalidValue = hipErrorInvalidValue;
 #define gpuGetLastError hipGetLastError
 #define gpuGetErrorString hipGetErrorString
 // CDNA wavefronts are 64 lanes wide, RDNA's 32; the compiler knows which it targets.

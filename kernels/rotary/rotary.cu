@@ -14,15 +14,10 @@
 #include <type_traits>
 
 #include "common/gpu.h"
+#include "common/vec.cuh"
 
 namespace aphrodite::rotary {
 namespace {
-
-#if defined(USE_ROCM)
-constexpr gpuError_t kErrorInvalidValue = hipErrorInvalidValue;
-#else
-constexpr gpuError_t kErrorInvalidValue = cudaErrorInvalidValue;
-#endif
 
 /// Largest block; also the launch bound.
 constexpr int kMaxThreads = 256;
@@ -45,22 +40,6 @@ template <typename T, int N, int kAlign>
 struct alignas(kAlign) Chunk {
   T v[N];
 };
-
-__device__ __forceinline__ float to_float(float v) { return v; }
-__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-
-template <typename T>
-__device__ __forceinline__ T from_float(float v) {
-  if constexpr (std::is_same_v<T, float>) {
-    return v;
-  } else if constexpr (std::is_same_v<T, __half>) {
-    return __float2half(v);
-  } else {
-    static_assert(std::is_same_v<T, __nv_bfloat16>, "unsupported element type");
-    return __float2bfloat16(v);
-  }
-}
 
 template <typename T, typename C>
 struct RotaryArgs {
@@ -277,14 +256,14 @@ gpuError_t run_cache_typed(const RotaryProblem& p, gpuStream_t stream) {
   if constexpr (!std::is_same_v<T, float>) {
     if (p.cache_dtype == p.dtype) return run_typed<T, T>(p, stream);
   }
-  return kErrorInvalidValue;
+  return gpuErrorInvalidValue;
 }
 
 }  // namespace
 
 /// @brief Launches the in-place rotation of query and key (rotary.h) on `stream` for the element
 /// type p.dtype and cache type p.cache_dtype (p.dtype or kFloat32). Returns the launch's error
-/// code; kErrorInvalidValue for a problem the kernel cannot take (sizes beyond int range, odd
+/// code; gpuErrorInvalidValue for a problem the kernel cannot take (sizes beyond int range, odd
 /// rot_dim, unsupported dtypes).
 gpuError_t launch_rotary_embedding(const RotaryProblem& p, gpuStream_t stream) {
   const int64_t total_heads = p.num_heads + (p.key != nullptr ? p.num_kv_heads : 0);
@@ -292,14 +271,14 @@ gpuError_t launch_rotary_embedding(const RotaryProblem& p, gpuStream_t stream) {
   if (p.num_tokens <= 0 || total_heads <= 0 || p.max_position <= 0) return gpuSuccess;
   if (p.rot_dim < 2 || p.rot_dim % 2 != 0 || p.rot_dim > p.head_size || total_heads > INT32_MAX ||
       p.rot_dim > INT32_MAX || p.num_heads < 0 || p.num_kv_heads < 0) {
-    return kErrorInvalidValue;
+    return gpuErrorInvalidValue;
   }
   switch (p.dtype) {
     case ScalarType::kFloat32: return run_cache_typed<float>(p, stream);
     case ScalarType::kFloat16: return run_cache_typed<__half>(p, stream);
     case ScalarType::kBFloat16: return run_cache_typed<__nv_bfloat16>(p, stream);
   }
-  return kErrorInvalidValue;
+  return gpuErrorInvalidValue;
 }
 
 }  // namespace aphrodite::rotary
