@@ -17,13 +17,13 @@ enum class Kind : int8_t {
 
 /// One act-and-mul problem. Rows may be strided; the last dimension is contiguous.
 struct Problem {
-  void* out;                 ///< [num_tokens, d], row stride out_row_stride (elements)
-  const void* input;         ///< [num_tokens, 2 * d], row stride input_row_stride (elements)
+  void* out;          ///< [num_tokens, d], row stride out_row_stride (elements)
+  const void* input;  ///< [num_tokens, 2 * d], row stride input_row_stride (elements)
   int64_t num_tokens;
   int64_t d;
   int64_t out_row_stride;
   int64_t input_row_stride;
-  ScalarType dtype;          ///< of out and input alike
+  ScalarType dtype;  ///< of out and input alike
 };
 
 }  // namespace aphrodite::activation

@@ -46,8 +46,8 @@ __device__ __forceinline__ float act_fn(float x) {
 /// when the grid is smaller than the problem.
 template <Kind K, typename T, int kVec>
 __global__ void __launch_bounds__(kActThreads)
-    act_and_mul_kernel(T* __restrict__ out, const T* __restrict__ in, int64_t num_tokens,
-                       int64_t d, int64_t out_row_stride, int64_t in_row_stride) {
+    act_and_mul_kernel(T* __restrict__ out, const T* __restrict__ in, int64_t num_tokens, int64_t d,
+                       int64_t out_row_stride, int64_t in_row_stride) {
   using V = Vec<T, kVec>;
   const int64_t num_vecs = d / kVec;
   const int64_t col_begin = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
@@ -73,9 +73,7 @@ __global__ void __launch_bounds__(kActThreads)
 
 inline int64_t act_ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-inline bool act_aligned16(const void* p) {
-  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
-}
+inline bool act_aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 /// Picks the block shape (tx threads per row, ty rows per block) and grid, then launches.
 template <Kind K, typename T, int kVec>
@@ -99,9 +97,9 @@ gpuError_t act_and_mul_launch_vec(const Problem& p, gpuStream_t stream) {
   if (grid_y > kActMaxGridY) grid_y = kActMaxGridY;
   const dim3 grid(static_cast<unsigned>(grid_x), static_cast<unsigned>(grid_y));
   const dim3 block(static_cast<unsigned>(tx), static_cast<unsigned>(ty));
-  act_and_mul_kernel<K, T, kVec><<<grid, block, 0, stream>>>(
-      static_cast<T*>(p.out), static_cast<const T*>(p.input), p.num_tokens, p.d,
-      p.out_row_stride, p.input_row_stride);
+  act_and_mul_kernel<K, T, kVec>
+      <<<grid, block, 0, stream>>>(static_cast<T*>(p.out), static_cast<const T*>(p.input),
+                                   p.num_tokens, p.d, p.out_row_stride, p.input_row_stride);
   return gpuGetLastError();
 }
 
@@ -113,9 +111,9 @@ gpuError_t act_and_mul_launch_vec(const Problem& p, gpuStream_t stream) {
 /// launch's error code (gpuSuccess without launching when there is nothing to do).
 template <Kind K, typename T>
 gpuError_t act_and_mul_launch(const Problem& p, gpuStream_t stream) {
-  static_assert(std::is_same_v<T, float> || std::is_same_v<T, __half> ||
-                    std::is_same_v<T, __nv_bfloat16>,
-                "unsupported element type");
+  static_assert(
+      std::is_same_v<T, float> || std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>,
+      "unsupported element type");
   if (p.num_tokens <= 0 || p.d <= 0) return gpuSuccess;
   constexpr int kVec = static_cast<int>(16 / sizeof(T));
   const bool vectorised = p.d % kVec == 0 && p.out_row_stride % kVec == 0 &&

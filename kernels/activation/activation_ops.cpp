@@ -29,14 +29,16 @@ activation::Problem make_problem(const char* op, at::Tensor& out, const at::Tens
   const ScalarType dtype = kernel_dtype(op, "input", input);
   check_dtype(op, "out", out, input.scalar_type());
   const int64_t num_tokens = c10::multiply_integers(expected.begin(), expected.end() - 1);
-  return {out.data_ptr(),          input.data_ptr(),
-          num_tokens,              d,
-          row_stride(op, "out", out), row_stride(op, "input", input),
+  return {out.data_ptr(),
+          input.data_ptr(),
+          num_tokens,
+          d,
+          row_stride(op, "out", out),
+          row_stride(op, "input", input),
           dtype};
 }
 
-void act_and_mul(activation::Kind kind, const char* op, at::Tensor& out,
-                 const at::Tensor& input) {
+void act_and_mul(activation::Kind kind, const char* op, at::Tensor& out, const at::Tensor& input) {
   const activation::Problem p = make_problem(op, out, input);
   if (p.num_tokens == 0 || p.d == 0) return;
 #if APHRODITE_FAMILY_BUILT

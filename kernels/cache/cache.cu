@@ -100,7 +100,7 @@ struct TileSlots {
   const int64_t* slots;  ///< the tile's first slot
   int64_t num_slots;
   int64_t block_size;
-  int block_shift;       ///< log2(block_size) where it is a power of two, else -1
+  int block_shift;  ///< log2(block_size) where it is a power of two, else -1
 
   /// The row's element offset, or -1 for padding (negative) and out-of-range slots, which are
   /// skipped rather than written out of bounds (the CPU backend rejects the latter; checking
@@ -185,8 +185,8 @@ __global__ void __launch_bounds__(kThreads)
 
   const int64_t t0 = static_cast<int64_t>(blockIdx.x) * kTileTokens;
   const int64_t h = blockIdx.y;
-  const int tile = static_cast<int>(p.num_tokens - t0 < kTileTokens ? p.num_tokens - t0
-                                                                    : kTileTokens);
+  const int tile =
+      static_cast<int>(p.num_tokens - t0 < kTileTokens ? p.num_tokens - t0 : kTileTokens);
   const TileSlots slots{p.slot_mapping + t0, p.num_slots, p.block_size, block_shift};
   float inv_k = 1.0f, inv_v = 1.0f;
   if constexpr (!std::is_same_v<In, Out>) {
@@ -223,8 +223,7 @@ __global__ void __launch_bounds__(kThreads)
     if (has_value) {
       load_chunk<In, kVe, kVec>(v_in, value + vw.t * p.value_token_stride + vw.c * kVe);
     }
-    const int64_t k_row = has_key ? slots.row(kw.t, p.key_cache_block_stride, key_slot_stride)
-                                  : -1;
+    const int64_t k_row = has_key ? slots.row(kw.t, p.key_cache_block_stride, key_slot_stride) : -1;
     const int64_t v_row =
         has_value ? slots.row(vw.t, p.value_cache_block_stride, value_slot_stride) : -1;
     if (k_row >= 0) {
@@ -255,8 +254,8 @@ gpuError_t launch_reshape_typed(const ReshapeAndCacheProblem& p, gpuStream_t str
   const bool flash = p.layout == CacheLayout::kFlash;
   bool vec = aligned16(p.key) && aligned16(p.value) && aligned16(p.key_cache) &&
              aligned16(p.value_cache) && p.head_size % kX == 0;
-  for (int64_t s : {p.key_token_stride, p.key_head_stride, p.value_token_stride,
-                    p.value_head_stride}) {
+  for (int64_t s :
+       {p.key_token_stride, p.key_head_stride, p.value_token_stride, p.value_head_stride}) {
     vec = vec && (s * in_size) % 16 == 0;
   }
   for (int64_t s : {p.key_cache_block_stride, p.key_cache_head_stride, p.value_cache_block_stride,
@@ -293,8 +292,8 @@ __global__ void __launch_bounds__(kThreads) copy_blocks_kernel(const CopyBlocksP
   const int64_t dst = p.block_mapping[2 * pair + 1];
   char* base = static_cast<char*>(is_value ? p.value_caches[blockIdx.y] : p.key_caches[blockIdx.y]);
   const int64_t stride = is_value ? p.value_block_stride_bytes : p.key_block_stride_bytes;
-  const int64_t n = (is_value ? p.value_block_bytes : p.key_block_bytes) /
-                    static_cast<int64_t>(sizeof(V));
+  const int64_t n =
+      (is_value ? p.value_block_bytes : p.key_block_bytes) / static_cast<int64_t>(sizeof(V));
   const V* __restrict__ from = reinterpret_cast<const V*>(base + src * stride);
   V* __restrict__ to = reinterpret_cast<V*>(base + dst * stride);
   for (int64_t i = threadIdx.x; i < n; i += kThreads) to[i] = from[i];

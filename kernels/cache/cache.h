@@ -36,9 +36,9 @@ constexpr int64_t paged_key_chunk(KvCacheDtype cache_dtype, ScalarType dtype) {
 /// of the caches: copied unchanged for KvCacheDtype::kAuto, as fp8(x * (1 / scale)) for fp8
 /// caches (kernels/common/fp8.h rounding). Every other cache element is left untouched.
 struct ReshapeAndCacheProblem {
-  const void* key;              ///< [num_tokens, num_kv_heads, head_size], last dim contiguous
-  const void* value;            ///< same shape, its own strides
-  void* key_cache;              ///< in `layout`, strides below (elements)
+  const void* key;    ///< [num_tokens, num_kv_heads, head_size], last dim contiguous
+  const void* value;  ///< same shape, its own strides
+  void* key_cache;    ///< in `layout`, strides below (elements)
   void* value_cache;
   const int64_t* slot_mapping;  ///< [num_tokens], contiguous
   const float* k_scale;         ///< one float on the kernel's device (fp8 caches; else unused)
@@ -47,8 +47,8 @@ struct ReshapeAndCacheProblem {
   int64_t num_kv_heads;
   int64_t head_size;
   int64_t block_size;
-  int64_t num_slots;            ///< num_blocks * block_size: slots at or past it are not written
-  int64_t key_token_stride;     ///< key: elements between tokens, between heads
+  int64_t num_slots;         ///< num_blocks * block_size: slots at or past it are not written
+  int64_t key_token_stride;  ///< key: elements between tokens, between heads
   int64_t key_head_stride;
   int64_t value_token_stride;
   int64_t value_head_stride;
@@ -61,7 +61,7 @@ struct ReshapeAndCacheProblem {
   int64_t value_cache_head_stride;
   int64_t value_cache_slot_stride;  ///< flash only
   CacheLayout layout;
-  ScalarType dtype;             ///< of key and value (and of kAuto caches)
+  ScalarType dtype;  ///< of key and value (and of kAuto caches)
   KvCacheDtype cache_dtype;
 };
 

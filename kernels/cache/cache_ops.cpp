@@ -27,8 +27,8 @@ namespace {
 cache::KvCacheDtype parse_kv_cache_dtype(const char* op, const std::string& name) {
   if (name == "auto") return cache::KvCacheDtype::kAuto;
   if (name == "fp8" || name == "fp8_e4m3") return cache::KvCacheDtype::kFp8E4M3;
-  TORCH_CHECK(false, op, ": kv_cache_dtype must be \"auto\", \"fp8\" or \"fp8_e4m3\", got \"",
-              name, "\"", name == "fp8_e5m2" ? " (E5M2 caches are not supported)" : "");
+  TORCH_CHECK(false, op, ": kv_cache_dtype must be \"auto\", \"fp8\" or \"fp8_e4m3\", got \"", name,
+              "\"", name == "fp8_e5m2" ? " (E5M2 caches are not supported)" : "");
 }
 
 /// Whether every dimension but the first is laid out contiguously (one block is one range).
@@ -54,8 +54,8 @@ cache::ReshapeAndCacheProblem check_reshape_inputs(
   const cache::KvCacheDtype cache_dtype = parse_kv_cache_dtype(op, kv_cache_dtype);
   TORCH_CHECK(key.dim() == 3, op, ": key must be [num_tokens, num_kv_heads, head_size], got ",
               key.sizes());
-  TORCH_CHECK(value.sizes() == key.sizes(), op, ": value must have the shape of key ",
-              key.sizes(), ", got ", value.sizes());
+  TORCH_CHECK(value.sizes() == key.sizes(), op, ": value must have the shape of key ", key.sizes(),
+              ", got ", value.sizes());
   const ScalarType dtype = kernel_dtype(op, "key", key);
   check_dtype(op, "value", value, key.scalar_type());
   check_last_dim_contiguous(op, "key", key);
@@ -71,8 +71,8 @@ cache::ReshapeAndCacheProblem check_reshape_inputs(
   TORCH_CHECK(slot_mapping.dim() == 1 && slot_mapping.is_contiguous(), op,
               ": slot_mapping must be a contiguous 1-D tensor, got sizes ", slot_mapping.sizes(),
               " strides ", slot_mapping.strides());
-  TORCH_CHECK(slot_mapping.size(0) <= key.size(0), op, ": slot_mapping has ",
-              slot_mapping.size(0), " slots but key only ", key.size(0), " tokens");
+  TORCH_CHECK(slot_mapping.size(0) <= key.size(0), op, ": slot_mapping has ", slot_mapping.size(0),
+              " slots but key only ", key.size(0), " tokens");
   if (cache_dtype == cache::KvCacheDtype::kAuto) {
     TORCH_CHECK(key_cache.scalar_type() == key.scalar_type() &&
                     value_cache.scalar_type() == key.scalar_type(),
@@ -89,8 +89,8 @@ cache::ReshapeAndCacheProblem check_reshape_inputs(
                   ": with kv_cache_dtype \"", kv_cache_dtype, "\" ", name,
                   " must be uint8 or float8_e4m3fn, got ", t.scalar_type());
     }
-    for (const auto& [name, t] : {std::pair<const char*, const at::Tensor&>{"k_scale", k_scale},
-                                  {"v_scale", v_scale}}) {
+    for (const auto& [name, t] :
+         {std::pair<const char*, const at::Tensor&>{"k_scale", k_scale}, {"v_scale", v_scale}}) {
       TORCH_CHECK(t.scalar_type() == at::kFloat && t.numel() == 1, op, ": ", name,
                   " must be a one-element float32 tensor, got ", t.scalar_type(), " of shape ",
                   t.sizes());
@@ -122,8 +122,8 @@ cache::ReshapeAndCacheProblem check_reshape_inputs(
 
   if (layout == cache::CacheLayout::kPaged) {
     const int64_t x = cache::paged_key_chunk(cache_dtype, dtype);
-    TORCH_CHECK(head_size % x == 0, op, ": head_size ", head_size,
-                " must be a multiple of x = ", x, " (16 bytes of cache) in the paged layout");
+    TORCH_CHECK(head_size % x == 0, op, ": head_size ", head_size, " must be a multiple of x = ", x,
+                " (16 bytes of cache) in the paged layout");
     TORCH_CHECK(key_cache.dim() == 5 && value_cache.dim() == 4, op,
                 ": the paged layout takes key_cache [num_blocks, num_kv_heads, head_size / x, "
                 "block_size, x] and value_cache [num_blocks, num_kv_heads, head_size, "
@@ -144,10 +144,10 @@ cache::ReshapeAndCacheProblem check_reshape_inputs(
                     stride_or(key_cache, 2, block_size * x) == block_size * x,
                 op, ": key_cache must be contiguous within each head, got strides ",
                 key_cache.strides());
-    TORCH_CHECK(stride_or(value_cache, 3, 1) == 1 &&
-                    stride_or(value_cache, 2, block_size) == block_size,
-                op, ": value_cache must be contiguous within each head, got strides ",
-                value_cache.strides());
+    TORCH_CHECK(
+        stride_or(value_cache, 3, 1) == 1 && stride_or(value_cache, 2, block_size) == block_size,
+        op, ": value_cache must be contiguous within each head, got strides ",
+        value_cache.strides());
     p.block_size = block_size;
     p.num_slots = num_blocks * block_size;
     p.key_cache_block_stride = key_cache.stride(0);
@@ -181,10 +181,9 @@ cache::ReshapeAndCacheProblem check_reshape_inputs(
 }
 
 void run_reshape_and_cache(const char* op, cache::CacheLayout layout, const at::Tensor& key,
-                           const at::Tensor& value, at::Tensor& key_cache,
-                           at::Tensor& value_cache, const at::Tensor& slot_mapping,
-                           const std::string& kv_cache_dtype, const at::Tensor& k_scale,
-                           const at::Tensor& v_scale) {
+                           const at::Tensor& value, at::Tensor& key_cache, at::Tensor& value_cache,
+                           const at::Tensor& slot_mapping, const std::string& kv_cache_dtype,
+                           const at::Tensor& k_scale, const at::Tensor& v_scale) {
   const cache::ReshapeAndCacheProblem p =
       check_reshape_inputs(op, layout, key, value, key_cache, value_cache, slot_mapping,
                            kv_cache_dtype, k_scale, v_scale);
@@ -214,10 +213,10 @@ void reshape_and_cache(const at::Tensor& key, const at::Tensor& value, at::Tenso
                         value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale);
 }
 
-void reshape_and_cache_flash(const at::Tensor& key, const at::Tensor& value,
-                             at::Tensor& key_cache, at::Tensor& value_cache,
-                             const at::Tensor& slot_mapping, const std::string& kv_cache_dtype,
-                             const at::Tensor& k_scale, const at::Tensor& v_scale) {
+void reshape_and_cache_flash(const at::Tensor& key, const at::Tensor& value, at::Tensor& key_cache,
+                             at::Tensor& value_cache, const at::Tensor& slot_mapping,
+                             const std::string& kv_cache_dtype, const at::Tensor& k_scale,
+                             const at::Tensor& v_scale) {
   run_reshape_and_cache("reshape_and_cache_flash", cache::CacheLayout::kFlash, key, value,
                         key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale);
 }
@@ -235,10 +234,10 @@ void check_block_mapping(const char* op, const at::Tensor& mapping, int64_t src_
   if (!mapping.is_cpu() || mapping.size(0) == 0) return;
   const int64_t* m = mapping.data_ptr<int64_t>();
   for (int64_t i = 0; i < mapping.size(0); ++i) {
-    TORCH_CHECK(m[2 * i] >= 0 && m[2 * i] < src_blocks && m[2 * i + 1] >= 0 &&
-                    m[2 * i + 1] < dst_blocks,
-                op, ": block_mapping row ", i, " (", m[2 * i], ", ", m[2 * i + 1],
-                ") names a block outside [0, ", src_blocks, ") -> [0, ", dst_blocks, ")");
+    TORCH_CHECK(
+        m[2 * i] >= 0 && m[2 * i] < src_blocks && m[2 * i + 1] >= 0 && m[2 * i + 1] < dst_blocks,
+        op, ": block_mapping row ", i, " (", m[2 * i], ", ", m[2 * i + 1],
+        ") names a block outside [0, ", src_blocks, ") -> [0, ", dst_blocks, ")");
   }
 }
 
@@ -266,17 +265,16 @@ void copy_blocks(const std::vector<at::Tensor>& key_caches,
   int64_t num_blocks = std::min(k0.dim() > 0 ? k0.size(0) : 0, v0.dim() > 0 ? v0.size(0) : 0);
   for (int64_t l = 0; l < num_layers; ++l) {
     for (const auto& [name, t, first] :
-         {std::tuple<const char*, const at::Tensor&, const at::Tensor&>{"key_caches",
-                                                                         key_caches[l], k0},
+         {std::tuple<const char*, const at::Tensor&, const at::Tensor&>{"key_caches", key_caches[l],
+                                                                        k0},
           {"value_caches", value_caches[l], v0}}) {
       check_same_device(op, name, t, k0);
       TORCH_CHECK(t.dim() >= 1, op, ": ", name, "[", l, "] must have a block dimension");
       TORCH_CHECK(t.sizes() == first.sizes() && t.strides() == first.strides() &&
                       t.scalar_type() == first.scalar_type(),
                   op, ": every tensor of ", name, " must match ", name, "[0] (",
-                  first.scalar_type(), " ", first.sizes(), " strides ", first.strides(),
-                  "), got ", t.scalar_type(), " ", t.sizes(), " strides ", t.strides(),
-                  " at layer ", l);
+                  first.scalar_type(), " ", first.sizes(), " strides ", first.strides(), "), got ",
+                  t.scalar_type(), " ", t.sizes(), " strides ", t.strides(), " at layer ", l);
       TORCH_CHECK(blocks_contiguous(t), op, ": each block of ", name, "[", l,
                   "] must be contiguous, got strides ", t.strides());
     }
@@ -316,8 +314,8 @@ void copy_blocks(const std::vector<at::Tensor>& key_caches,
 #else
   TORCH_CHECK(k0.is_cuda(), op, ": the caches must be on the GPU, got ", k0.device());
   TORCH_CHECK(block_mapping.is_cpu() || block_mapping.device() == k0.device(), op,
-              ": block_mapping must be on the CPU or on the caches' device ", k0.device(),
-              ", got ", block_mapping.device());
+              ": block_mapping must be on the CPU or on the caches' device ", k0.device(), ", got ",
+              block_mapping.device());
   const c10::cuda::OptionalCUDAGuard guard(k0.device());
   const at::Tensor device_pointers = pointers.to(k0.device());
   const at::Tensor device_mapping = block_mapping.to(k0.device());
@@ -335,8 +333,7 @@ void swap_blocks(const at::Tensor& src, at::Tensor& dst, const at::Tensor& block
   TORCH_CHECK(src.scalar_type() == dst.scalar_type(), op, ": dst must be ", src.scalar_type(),
               " like src, got ", dst.scalar_type());
   TORCH_CHECK(src.sizes().slice(1) == dst.sizes().slice(1), op,
-              ": src and dst blocks must have one shape, got ", src.sizes(), " and ",
-              dst.sizes());
+              ": src and dst blocks must have one shape, got ", src.sizes(), " and ", dst.sizes());
   TORCH_CHECK(blocks_contiguous(src) && blocks_contiguous(dst), op,
               ": each block of src and dst must be contiguous, got strides ", src.strides(),
               " and ", dst.strides());

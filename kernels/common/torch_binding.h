@@ -68,8 +68,8 @@ inline int64_t row_stride(const char* op, const char* arg, const at::Tensor& t) 
   int64_t expected = stride;
   for (int64_t d = t.dim() - 2; d >= 0; --d) {
     TORCH_CHECK(t.size(d) == 1 || t.stride(d) == expected, op, ": ", arg,
-                " must have rows of one stride (leading dims collapsible), got sizes ",
-                t.sizes(), " strides ", t.strides());
+                " must have rows of one stride (leading dims collapsible), got sizes ", t.sizes(),
+                " strides ", t.strides());
     expected *= t.size(d);
   }
   return stride;
@@ -99,8 +99,8 @@ class Unavailable final : public c10::OperatorKernel {
  public:
   explicit Unavailable(std::string why) : why_(std::move(why)) {}
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack*) {
-    TORCH_CHECK(false, op.schema().name(), " is not available in this install of aphrodite_ext: ",
-                why_);
+    TORCH_CHECK(false, op.schema().name(),
+                " is not available in this install of aphrodite_ext: ", why_);
   }
 
  private:
@@ -133,25 +133,28 @@ class OpDefiner {
 #if defined(APHRODITE_BACKEND_GPU)
     constexpr auto kServed = c10::DispatchKey::CUDA;
     constexpr auto kOther = c10::DispatchKey::CPU;
-    const char* other_why = "this install was built for the GPU backend and takes GPU tensors; "
-                            "for CPU tensors build with APHRODITE_TARGET_DEVICE=cpu";
+    const char* other_why =
+        "this install was built for the GPU backend and takes GPU tensors; "
+        "for CPU tensors build with APHRODITE_TARGET_DEVICE=cpu";
 #else
     constexpr auto kServed = c10::DispatchKey::CPU;
     constexpr auto kOther = c10::DispatchKey::CUDA;
-    const char* other_why = "this install was built for the cpu backend and takes CPU tensors; "
-                            "for GPU tensors build with APHRODITE_TARGET_DEVICE=cuda or rocm";
+    const char* other_why =
+        "this install was built for the cpu backend and takes CPU tensors; "
+        "for GPU tensors build with APHRODITE_TARGET_DEVICE=cuda or rocm";
 #endif
     lib_.impl(name.c_str(), torch::dispatch(kOther, detail::unavailable(other_why)));
     if (std::string(schema).find("-> ()") != std::string::npos) {
-      lib_.impl(name.c_str(),
-                torch::dispatch(c10::DispatchKey::Meta,
-                                torch::CppFunction::makeFromBoxedFunction<&detail::write_only_fake>()));
+      lib_.impl(
+          name.c_str(),
+          torch::dispatch(c10::DispatchKey::Meta,
+                          torch::CppFunction::makeFromBoxedFunction<&detail::write_only_fake>()));
     }
     if (!APHRODITE_FAMILY_BUILT) {
-      lib_.impl(name.c_str(),
-                torch::dispatch(kServed, detail::unavailable(std::string("the ") +
-                                                             APHRODITE_FAMILY_NAME + " family " +
-                                                             APHRODITE_FAMILY_STATUS)));
+      lib_.impl(
+          name.c_str(),
+          torch::dispatch(kServed, detail::unavailable(std::string("the ") + APHRODITE_FAMILY_NAME +
+                                                       " family " + APHRODITE_FAMILY_STATUS)));
     }
   }
 
@@ -162,12 +165,12 @@ class OpDefiner {
 }  // namespace aphrodite
 
 /// Schemas of a family's ops in module `ns`: APHRODITE_DEFINE_OPS(_C, ops) { ops.def("..."); }
-#define APHRODITE_DEFINE_OPS(ns, ops) \
+#define APHRODITE_DEFINE_OPS(ns, ops)                                    \
   static void APHRODITE_DEFINE_OPS_BODY_##ns(aphrodite::OpDefiner& ops); \
-  TORCH_LIBRARY_FRAGMENT(ns, lib) {                                     \
-    aphrodite::OpDefiner definer(lib);                                  \
-    APHRODITE_DEFINE_OPS_BODY_##ns(definer);                            \
-  }                                                                     \
+  TORCH_LIBRARY_FRAGMENT(ns, lib) {                                      \
+    aphrodite::OpDefiner definer(lib);                                   \
+    APHRODITE_DEFINE_OPS_BODY_##ns(definer);                             \
+  }                                                                      \
   static void APHRODITE_DEFINE_OPS_BODY_##ns(aphrodite::OpDefiner& ops)
 
 #if defined(APHRODITE_BACKEND_GPU)

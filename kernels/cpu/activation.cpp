@@ -10,9 +10,12 @@ using activation::Kind;
 
 template <Kind K>
 APHRODITE_VEC_INLINE vec::vf act(vec::vf x) {
-  if constexpr (K == Kind::kSilu) return vec::silu(x);
-  else if constexpr (K == Kind::kGelu) return vec::gelu(x);
-  else return vec::gelu_tanh(x);
+  if constexpr (K == Kind::kSilu)
+    return vec::silu(x);
+  else if constexpr (K == Kind::kGelu)
+    return vec::gelu(x);
+  else
+    return vec::gelu_tanh(x);
 }
 
 template <ScalarType T, Kind K>
@@ -54,9 +57,15 @@ void dispatch_kind(Kind kind, const activation::Problem& p, int64_t row_begin, i
 
 void act_and_mul(Kind kind, const activation::Problem& p, int64_t row_begin, int64_t row_end) {
   switch (p.dtype) {
-    case ScalarType::kFloat32: dispatch_kind<ScalarType::kFloat32>(kind, p, row_begin, row_end); break;
-    case ScalarType::kFloat16: dispatch_kind<ScalarType::kFloat16>(kind, p, row_begin, row_end); break;
-    case ScalarType::kBFloat16: dispatch_kind<ScalarType::kBFloat16>(kind, p, row_begin, row_end); break;
+    case ScalarType::kFloat32:
+      dispatch_kind<ScalarType::kFloat32>(kind, p, row_begin, row_end);
+      break;
+    case ScalarType::kFloat16:
+      dispatch_kind<ScalarType::kFloat16>(kind, p, row_begin, row_end);
+      break;
+    case ScalarType::kBFloat16:
+      dispatch_kind<ScalarType::kBFloat16>(kind, p, row_begin, row_end);
+      break;
   }
 }
 

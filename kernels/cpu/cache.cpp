@@ -17,7 +17,7 @@ inline uint8_t f32_to_e4m3(float x) {
   const uint32_t bits = __builtin_bit_cast(uint32_t, x);
   const auto sign = static_cast<uint8_t>((bits >> 24) & 0x80u);
   const uint32_t mag = bits & 0x7fffffffu;
-  if (mag > 0x7f800000u) return sign | 0x7fu;  // NaN
+  if (mag > 0x7f800000u) return sign | 0x7fu;   // NaN
   if (mag >= 0x43e00000u) return sign | 0x7eu;  // |x| >= 448 (inf included): saturate
   if (mag < 0x3c800000u) {
     // Below 2^-6, E4M3 is subnormal: multiples of 2^-9. Scaling by 2^9 is exact and the
@@ -113,19 +113,19 @@ void reshape_and_cache_rows(const cache::ReshapeAndCacheProblem& p, int64_t toke
         char* kd = key_cache + (block * p.key_cache_block_stride +
                                 offset * p.key_cache_slot_stride + h * p.key_cache_head_stride) *
                                    elem;
-        char* vd = value_cache + (block * p.value_cache_block_stride +
-                                  offset * p.value_cache_slot_stride +
-                                  h * p.value_cache_head_stride) *
-                                     elem;
+        char* vd =
+            value_cache + (block * p.value_cache_block_stride + offset * p.value_cache_slot_stride +
+                           h * p.value_cache_head_stride) *
+                              elem;
         write_row<T>(p, kd, k, p.head_size, 0, inv_k);
         write_row<T>(p, vd, v, p.head_size, 0, inv_v);
       } else {
-        char* kd = key_cache +
-                   (block * p.key_cache_block_stride + h * p.key_cache_head_stride + offset * x) *
-                       elem;
-        char* vd = value_cache +
-                   (block * p.value_cache_block_stride + h * p.value_cache_head_stride + offset) *
-                       elem;
+        char* kd =
+            key_cache +
+            (block * p.key_cache_block_stride + h * p.key_cache_head_stride + offset * x) * elem;
+        char* vd =
+            value_cache +
+            (block * p.value_cache_block_stride + h * p.value_cache_head_stride + offset) * elem;
         write_row<T>(p, kd, k, x, p.block_size * x, inv_k);
         write_row<T>(p, vd, v, 1, p.block_size, inv_v);
       }

@@ -129,8 +129,7 @@ void fp8_per_token_quant(const fp8_quant::QuantProblem& p, int64_t row_begin, in
   switch (p.dtype) {
     case ScalarType::kFloat32: return per_token_rows<ScalarType::kFloat32>(p, row_begin, row_end);
     case ScalarType::kFloat16: return per_token_rows<ScalarType::kFloat16>(p, row_begin, row_end);
-    case ScalarType::kBFloat16:
-      return per_token_rows<ScalarType::kBFloat16>(p, row_begin, row_end);
+    case ScalarType::kBFloat16: return per_token_rows<ScalarType::kBFloat16>(p, row_begin, row_end);
   }
 }
 

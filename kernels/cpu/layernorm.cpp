@@ -17,8 +17,7 @@ inline float inv_rms(float sum_sq, int64_t hidden, float epsilon) {
 
 /// out[i] = T(x[i] * inv * w[i]) for i in [0, n). out may be x itself.
 template <ScalarType T>
-APHRODITE_VEC_INLINE void scale_row(vec::storage_t<T>* out,
-                                    const vec::storage_t<T>* x,
+APHRODITE_VEC_INLINE void scale_row(vec::storage_t<T>* out, const vec::storage_t<T>* x,
                                     const vec::storage_t<T>* __restrict w, int64_t n, float inv) {
   constexpr int L = vec::kLanes;
   const vf s = vec::bcast(inv);
@@ -84,8 +83,8 @@ void fused_add_rms_norm_rows(const layernorm::FusedAddRmsNormProblem& p, int64_t
     int64_t i = 0;
     for (; i + 2 * L <= n; i += 2 * L) {
       const vf r0 = vec::store_rounded<T>(res + i, vec::load<T>(x + i) + vec::load<T>(res + i));
-      const vf r1 = vec::store_rounded<T>(res + i + L,
-                                          vec::load<T>(x + i + L) + vec::load<T>(res + i + L));
+      const vf r1 =
+          vec::store_rounded<T>(res + i + L, vec::load<T>(x + i + L) + vec::load<T>(res + i + L));
       a0 = vec::fmadd(r0, r0, a0);
       a1 = vec::fmadd(r1, r1, a1);
     }

@@ -206,10 +206,9 @@ class Item {
     for (int64_t g = 0; g < G_; ++g) {
       const int64_t h = h0 + g;
       const S* q = static_cast<const S*>(p_.query) + s * p_.q_seq_stride + h * p_.q_head_stride;
-      const S* u = p_.pos_bias_u == nullptr
-                       ? nullptr
-                       : static_cast<const S*>(p_.pos_bias_u) + s * p_.u_seq_stride +
-                             h * p_.u_head_stride;
+      const S* u = p_.pos_bias_u == nullptr ? nullptr
+                                            : static_cast<const S*>(p_.pos_bias_u) +
+                                                  s * p_.u_seq_stride + h * p_.u_head_stride;
       for (int64_t d = 0; d < hd_; d += L) {
         vf v = vec::load<T>(q + d);
         if (u != nullptr) v += vec::load<T>(u + d);
@@ -235,8 +234,8 @@ class Item {
     const int64_t vecs = bs_ * X / L;
     for (int64_t t = t0; t < t1; t += bs_) {
       const int64_t n = std::min(bs_, t1 - t);
-      const char* src = static_cast<const char*>(p_.key_cache) +
-                        block_offset(s, kvh, t) * cache_elem_bytes<C>();
+      const char* src =
+          static_cast<const char*>(p_.key_cache) + block_offset(s, kvh, t) * cache_elem_bytes<C>();
       const float* kb;
       if constexpr (C == CacheKind::kF32) {
         kb = reinterpret_cast<const float*>(src);

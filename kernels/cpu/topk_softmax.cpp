@@ -81,8 +81,8 @@ APHRODITE_VEC_INLINE vf load_logits(const vec::storage_t<T>* g, int64_t i, int64
 template <ScalarType T>
 APHRODITE_VEC_INLINE vf exp_shifted(const vec::storage_t<T>* g, int64_t i, int64_t end, vf m) {
   const vf e = vec::exp(load_logits<T>(g, i, end, 0.0f) - m);
-  return vec::lane_ids() < vec::bcasti(static_cast<int32_t>(end - i > vec::kLanes ? vec::kLanes
-                                                                                  : end - i))
+  return vec::lane_ids() <
+                 vec::bcasti(static_cast<int32_t>(end - i > vec::kLanes ? vec::kLanes : end - i))
              ? e
              : vf{};
 }

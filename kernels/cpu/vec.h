@@ -216,9 +216,7 @@ APHRODITE_VEC_INLINE vu bf16_round_bits(vf f) {
   const vu rounded = u + 0x7fffu + ((u >> 16) & 1u);
   return (f == f ? rounded : (u | 0x00400000u)) >> 16;
 }
-APHRODITE_VEC_INLINE vf bf16_to_f32(vh h) {
-  return as_f(__builtin_convertvector(h, vu) << 16);
-}
+APHRODITE_VEC_INLINE vf bf16_to_f32(vh h) { return as_f(__builtin_convertvector(h, vu) << 16); }
 APHRODITE_VEC_INLINE vh f32_to_bf16(vf f) {
   return __builtin_convertvector(bf16_round_bits(f), vh);
 }
@@ -282,10 +280,10 @@ APHRODITE_VEC_INLINE vh f32_to_f16_soft(vf f) {
   // low mantissa bits (round to nearest even by the FPU).
   const vu sub = as_u(as_f(a) + 0.5f) - 0x3f000000u;
   const vu inf = vu{} + 0x7c00u;
-  const vu mag = ai > 0x7f800000 ? nan
+  const vu mag = ai > 0x7f800000    ? nan
                  : ai >= 0x477ff000 ? inf  // >= 65520 rounds to inf
-                 : ai < 0x38800000 ? sub   // < 2^-14
-                                   : normal;
+                 : ai < 0x38800000  ? sub  // < 2^-14
+                                    : normal;
   return __builtin_convertvector(mag | sign, vh);
 }
 

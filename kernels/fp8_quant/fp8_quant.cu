@@ -27,7 +27,6 @@
 namespace aphrodite::fp8_quant {
 namespace {
 
-
 /// Block of the elementwise kernels (static, and both dynamic per-tensor passes).
 constexpr int kThreads = 256;
 /// Vectors per thread and tile that the elementwise kernels load before using any of them.
@@ -134,14 +133,14 @@ struct Tiles {
   uint8_t* out;
   const T* in;
   float* scale;
-  float* partials;        ///< dynamic: one max per block of the reduction pass
+  float* partials;  ///< dynamic: one max per block of the reduction pass
   int64_t out_stride;
   int64_t in_stride;
   int64_t vecs_per_row;
-  int tail;               ///< < kVec
+  int tail;  ///< < kVec
   int num_partials;
-  uint32_t tiles_per_row; ///< >= 1
-  uint32_t num_tiles;     ///< rows * tiles_per_row, < 2^31
+  uint32_t tiles_per_row;  ///< >= 1
+  uint32_t num_tiles;      ///< rows * tiles_per_row, < 2^31
 };
 
 /// Max |x| over the tiles first, first + step, ... of a (this thread's part of them).
@@ -219,8 +218,8 @@ __device__ __forceinline__ float safe_divisor(float scale) { return scale > 0.0f
 template <typename T, int kVec>
 __global__ void __launch_bounds__(kThreads) absmax_partials_kernel(const Tiles<T> a) {
   __shared__ float smem[kThreads / APHRODITE_WARP_SIZE];
-  const float m = block_max<kThreads>(tiles_absmax<T, kVec, kThreads>(a, blockIdx.x, gridDim.x),
-                                      smem);
+  const float m =
+      block_max<kThreads>(tiles_absmax<T, kVec, kThreads>(a, blockIdx.x, gridDim.x), smem);
   if (threadIdx.x == 0) a.partials[blockIdx.x] = m;
 }
 
@@ -254,13 +253,13 @@ template <typename T>
 struct Rows {
   uint8_t* out;
   const T* in;
-  float* scale;            ///< [rows]
-  const float* scale_ub;   ///< [1] or null
+  float* scale;           ///< [rows]
+  const float* scale_ub;  ///< [1] or null
   int64_t rows;
   int64_t out_stride;
   int64_t in_stride;
   int vecs_per_row;
-  int tail;                ///< < kVec single elements after the vectors of a row
+  int tail;  ///< < kVec single elements after the vectors of a row
 };
 
 /// Max of v over the blockDim.x threads of this thread's row (threadIdx.y); blockDim.x is a
@@ -490,7 +489,7 @@ template <typename T>
 int64_t dynamic_workspace(const QuantProblem& p) {
   constexpr int kVec = static_cast<int>(16 / sizeof(T));
   const bool single = rows_vectorisable<kVec>(p, true) ? dynamic_single_kernel<T, kVec>(p)
-                                                      : dynamic_single_kernel<T, 1>(p);
+                                                       : dynamic_single_kernel<T, 1>(p);
   return single ? 0 : kMaxPartials;
 }
 

@@ -26,11 +26,11 @@ constexpr float kMinPerTokenScale = 1.0f / (kFp8Max * 512.0f);
 ///              kMinPerTokenScale) for every row t, then quantizes row t with it.
 /// Values beyond +-448 * scale saturate to +-448.
 struct QuantProblem {
-  uint8_t* out;              ///< [num_tokens, hidden] E4M3 bytes, row stride out_row_stride
-  const void* input;         ///< [num_tokens, hidden] of dtype, row stride input_row_stride
-  float* scale;              ///< [1] (static: read only, dynamic: written) or [num_tokens]
-  const float* scale_ub;     ///< per token: [1] upper bound of a row's max, or null for none
-  float* workspace;          ///< dynamic: dynamic_scaled_fp8_quant_workspace(p) floats, or null
+  uint8_t* out;           ///< [num_tokens, hidden] E4M3 bytes, row stride out_row_stride
+  const void* input;      ///< [num_tokens, hidden] of dtype, row stride input_row_stride
+  float* scale;           ///< [1] (static: read only, dynamic: written) or [num_tokens]
+  const float* scale_ub;  ///< per token: [1] upper bound of a row's max, or null for none
+  float* workspace;       ///< dynamic: dynamic_scaled_fp8_quant_workspace(p) floats, or null
   int64_t num_tokens;
   int64_t hidden;
   int64_t out_row_stride;    ///< elements (bytes) between rows of out

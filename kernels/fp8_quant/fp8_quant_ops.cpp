@@ -61,8 +61,7 @@ void cpu_quantize(const char* op, const fp8_quant::QuantProblem& p, float diviso
 }
 #endif
 
-void static_scaled_fp8_quant(at::Tensor& result, const at::Tensor& input,
-                             const at::Tensor& scale) {
+void static_scaled_fp8_quant(at::Tensor& result, const at::Tensor& input, const at::Tensor& scale) {
   const char* op = "static_scaled_fp8_quant";
   fp8_quant::QuantProblem p = check_quant_inputs(op, result, input);
   check_scale(op, "scale", scale, input, 1, "[1]");

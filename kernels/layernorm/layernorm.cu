@@ -124,7 +124,7 @@ __global__ void __launch_bounds__(kMaxCachedThreads) rms_norm_cached_kernel(cons
   const float hidden = static_cast<float>(a.hidden);
   const V* w = reinterpret_cast<const V*>(a.weight);
   const int64_t row_step = static_cast<int64_t>(gridDim.x) * blockDim.y;
-  auto load_row = [&](int64_t row, V (&dst)[kCache]) {
+  auto load_row = [&](int64_t row, V(&dst)[kCache]) {
     if (row < a.rows) {
       const V* x = reinterpret_cast<const V*>(a.in + row * a.in_stride);
 #pragma unroll
@@ -137,7 +137,7 @@ __global__ void __launch_bounds__(kMaxCachedThreads) rms_norm_cached_kernel(cons
 
   // Normalises and stores `row` from `cur` after issuing the loads of the block's next row into
   // `next`. Uniform across the block: every thread reaches every row_sum.
-  auto process = [&](int64_t row, V (&cur)[kCache], V (&next)[kCache]) {
+  auto process = [&](int64_t row, V(&cur)[kCache], V(&next)[kCache]) {
     const bool valid = row < a.rows;
     float ss = 0.0f;
 #pragma unroll
@@ -368,9 +368,8 @@ gpuError_t launch_typed(const NormArgs<T>& a, gpuStream_t stream) {
   if (a.rows <= 0 || a.hidden <= 0) return gpuSuccess;
   if (a.hidden > INT32_MAX) return gpuErrorInvalidValue;
   constexpr int kVec = static_cast<int>(16 / sizeof(T));
-  bool vectorised = a.hidden % kVec == 0 && a.out_stride % kVec == 0 &&
-                    a.in_stride % kVec == 0 && aligned16(a.out) && aligned16(a.in) &&
-                    aligned16(a.weight);
+  bool vectorised = a.hidden % kVec == 0 && a.out_stride % kVec == 0 && a.in_stride % kVec == 0 &&
+                    aligned16(a.out) && aligned16(a.in) && aligned16(a.weight);
   if (kFused) vectorised = vectorised && a.residual_stride % kVec == 0 && aligned16(a.residual);
   if (vectorised) return launch_shaped<T, kVec, kFused>(a, stream);
   return launch_shaped<T, 1, kFused>(a, stream);

@@ -19,9 +19,8 @@ int64_t check_norm_inputs(const char* op, const char* out_name, const at::Tensor
   const int64_t hidden = input.size(-1);
   TORCH_CHECK(out.sizes() == input.sizes(), op, ": ", out_name, " must have the shape of input ",
               input.sizes(), ", got ", out.sizes());
-  TORCH_CHECK(weight.dim() == 1 && weight.size(0) == hidden, op,
-              ": weight must have shape [", hidden, "] (the last dimension of input), got ",
-              weight.sizes());
+  TORCH_CHECK(weight.dim() == 1 && weight.size(0) == hidden, op, ": weight must have shape [",
+              hidden, "] (the last dimension of input), got ", weight.sizes());
   TORCH_CHECK(weight.is_contiguous(), op, ": weight must be contiguous");
   check_same_device(op, out_name, out, input);
   check_same_device(op, "weight", weight, input);
@@ -42,8 +41,7 @@ void cpu_rows(const char* op, int64_t rows, int64_t hidden, const Fn& fn) {
 }
 #endif
 
-void rms_norm(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight,
-              double epsilon) {
+void rms_norm(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight, double epsilon) {
   const char* op = "rms_norm";
   const int64_t rows = check_norm_inputs(op, "result", out, input, weight, epsilon);
   const layernorm::RmsNormProblem p{out.data_ptr(),

@@ -54,8 +54,7 @@ struct AlignArgs {
 /// The expert key of entry i, or -1 when it is dropped (see moe_align.h). smap: the expert map
 /// in shared memory, or nullptr.
 template <typename IdT>
-__device__ __forceinline__ int32_t key_of(const AlignArgs<IdT>& a, const int32_t* smap,
-                                          int32_t i) {
+__device__ __forceinline__ int32_t key_of(const AlignArgs<IdT>& a, const int32_t* smap, int32_t i) {
   const int64_t id = static_cast<int64_t>(a.ids[i]);
   if (id < 0 || id >= a.num_experts) return -1;
   int32_t key = static_cast<int32_t>(id);
@@ -128,7 +127,7 @@ __global__ void __launch_bounds__(kMaxThreads) moe_align_kernel(const AlignArgs<
   const int32_t E = a.num_experts;
   const int32_t B = a.block_size;
 
-  int32_t* hist = smem;                                  // [chunk_warps][E]
+  int32_t* hist = smem;                                                          // [chunk_warps][E]
   int32_t* smap = a.expert_map != nullptr ? smem + a.chunk_warps * E : nullptr;  // [E]
   for (int i = tid; i < a.chunk_warps * E; i += threads) hist[i] = 0;
   if (smap != nullptr) {
@@ -267,11 +266,10 @@ gpuError_t launch_typed(const MoeAlignProblem& p, gpuStream_t stream) {
 /// workspace. Returns the launch's error code (invalid value for sizes outside moe_align.h's
 /// limits).
 gpuError_t launch_moe_align_block_size(const MoeAlignProblem& p, gpuStream_t stream) {
-  if (p.num_experts < 1 || p.num_experts > kAlignMaxExperts || p.block_size < 1 ||
-      p.numel < 0 || p.sorted_capacity > INT32_MAX || p.num_blocks > INT32_MAX ||
+  if (p.num_experts < 1 || p.num_experts > kAlignMaxExperts || p.block_size < 1 || p.numel < 0 ||
+      p.sorted_capacity > INT32_MAX || p.num_blocks > INT32_MAX ||
       p.sorted_capacity < align_required_capacity(p.numel, p.num_experts, p.block_size) ||
-      p.num_blocks * p.block_size < align_required_capacity(p.numel, p.num_experts,
-                                                            p.block_size)) {
+      p.num_blocks * p.block_size < align_required_capacity(p.numel, p.num_experts, p.block_size)) {
     return gpuErrorInvalidValue;
   }
   return p.ids_int64 ? launch_typed<int64_t>(p, stream) : launch_typed<int32_t>(p, stream);

@@ -30,8 +30,8 @@ void moe_align_block_size(const at::Tensor& topk_ids, int64_t num_experts, int64
   TORCH_CHECK(topk_ids.is_contiguous(), op, ": topk_ids must be contiguous");
   TORCH_CHECK(num_experts >= 1 && num_experts <= moe::kAlignMaxExperts, op,
               ": num_experts must be in [1, ", moe::kAlignMaxExperts, "], got ", num_experts);
-  TORCH_CHECK(block_size >= 1 && block_size <= INT32_MAX, op,
-              ": block_size must be >= 1, got ", block_size);
+  TORCH_CHECK(block_size >= 1 && block_size <= INT32_MAX, op, ": block_size must be >= 1, got ",
+              block_size);
   const int64_t numel = topk_ids.numel();
   const int64_t required = moe::align_required_capacity(numel, num_experts, block_size);
   TORCH_CHECK(required <= INT32_MAX, op, ": num_tokens * topk + min(that, num_experts) * ",
@@ -41,12 +41,12 @@ void moe_align_block_size(const at::Tensor& topk_ids, int64_t num_experts, int64
   check_int32_output(op, "num_tokens_post_pad", num_tokens_post_pad, topk_ids);
   TORCH_CHECK(sorted_token_ids.numel() >= required && sorted_token_ids.numel() <= INT32_MAX, op,
               ": sorted_token_ids must hold at least num_tokens * topk + min(that, num_experts) *"
-              " (block_size - 1) = ", required, " entries (and at most INT32_MAX), got ",
-              sorted_token_ids.numel());
+              " (block_size - 1) = ",
+              required, " entries (and at most INT32_MAX), got ", sorted_token_ids.numel());
   const int64_t blocks_needed = (required + block_size - 1) / block_size;
   TORCH_CHECK(experts_ids.numel() >= blocks_needed && experts_ids.numel() <= INT32_MAX, op,
-              ": experts_ids must hold at least ceil(", required, " / block_size) = ",
-              blocks_needed, " entries, got ", experts_ids.numel());
+              ": experts_ids must hold at least ceil(", required,
+              " / block_size) = ", blocks_needed, " entries, got ", experts_ids.numel());
   TORCH_CHECK(num_tokens_post_pad.numel() == 1, op,
               ": num_tokens_post_pad must have one element, got shape ",
               num_tokens_post_pad.sizes());
@@ -92,7 +92,5 @@ APHRODITE_DEFINE_OPS(_moe_C, ops) {
 }
 
 #if APHRODITE_FAMILY_BUILT
-APHRODITE_IMPL_OPS(_moe_C, m) {
-  m.impl("moe_align_block_size", &aphrodite::moe_align_block_size);
-}
+APHRODITE_IMPL_OPS(_moe_C, m) { m.impl("moe_align_block_size", &aphrodite::moe_align_block_size); }
 #endif

@@ -94,8 +94,7 @@ unsigned grid_for(int64_t work) {
 template <typename T, int kK>
 gpuError_t launch_vec(const SumArgs<T>& a, gpuStream_t stream) {
   constexpr int kN = 16 / sizeof(T);
-  moe_sum_vec_kernel<T, kK>
-      <<<grid_for(a.num_tokens * (a.hidden / kN)), kThreads, 0, stream>>>(a);
+  moe_sum_vec_kernel<T, kK><<<grid_for(a.num_tokens * (a.hidden / kN)), kThreads, 0, stream>>>(a);
   return gpuGetLastError();
 }
 

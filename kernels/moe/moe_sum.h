@@ -11,8 +11,8 @@ namespace aphrodite::moe {
 /// Strides in elements; the hidden dimension of both tensors is contiguous. The k terms are
 /// added in ascending k.
 struct MoeSumProblem {
-  void* out;            ///< [num_tokens, hidden], row stride out_token_stride
-  const void* input;    ///< [num_tokens, topk, hidden], strides in_token_stride, in_k_stride
+  void* out;          ///< [num_tokens, hidden], row stride out_token_stride
+  const void* input;  ///< [num_tokens, topk, hidden], strides in_token_stride, in_k_stride
   int64_t num_tokens;
   int64_t topk;
   int64_t hidden;

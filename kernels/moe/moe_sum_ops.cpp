@@ -19,22 +19,15 @@ void moe_sum(const at::Tensor& input, at::Tensor& output) {
   const int64_t topk = input.size(1);
   const int64_t hidden = input.size(2);
   TORCH_CHECK(output.dim() == 2 && output.size(0) == num_tokens && output.size(1) == hidden, op,
-              ": output must be [num_tokens, hidden] = [", num_tokens, ", ", hidden, "], got shape ",
-              output.sizes());
+              ": output must be [num_tokens, hidden] = [", num_tokens, ", ", hidden,
+              "], got shape ", output.sizes());
   const ScalarType dtype = kernel_dtype(op, "input", input);
   check_dtype(op, "output", output, input.scalar_type());
   check_same_device(op, "output", output, input);
   check_last_dim_contiguous(op, "input", input);
   check_last_dim_contiguous(op, "output", output);
-  const moe::MoeSumProblem p{output.data_ptr(),
-                             input.data_ptr(),
-                             num_tokens,
-                             topk,
-                             hidden,
-                             output.stride(0),
-                             input.stride(0),
-                             input.stride(1),
-                             dtype};
+  const moe::MoeSumProblem p{output.data_ptr(), input.data_ptr(), num_tokens,      topk, hidden,
+                             output.stride(0),  input.stride(0),  input.stride(1), dtype};
   if (num_tokens == 0 || hidden == 0) return;
 #if APHRODITE_FAMILY_BUILT
 #if defined(APHRODITE_BACKEND_CPU)

@@ -133,9 +133,8 @@ __global__ void __launch_bounds__(kFastThreads)
     Key keys[kPerLane];
 #pragma unroll
     for (int j = 0; j < kPerLane; ++j) {
-      keys[j] = first_id + j < experts
-                    ? make_key(x[j] / sum, static_cast<uint32_t>(first_id + j))
-                    : Key{0};
+      keys[j] = first_id + j < experts ? make_key(x[j] / sum, static_cast<uint32_t>(first_id + j))
+                                       : Key{0};
     }
 
     // Top-k: round j takes the largest key below the previous round's.
@@ -227,8 +226,7 @@ __global__ void __launch_bounds__(kGenericThreads) topk_softmax_block_kernel(con
     for (int64_t j = 0; j < a.k; ++j) {
       Key best = 0;
       for (int64_t e = threadIdx.x; e < experts; e += step) {
-        const Key key =
-            make_key(expf(to_float(row[e]) - m) / sum, static_cast<uint32_t>(e));
+        const Key key = make_key(expf(to_float(row[e]) - m) / sum, static_cast<uint32_t>(e));
         if (key < prev) best = key_max(best, key);
       }
       best = block_reduce(best, smem_k, KeyMaxOp());
@@ -283,8 +281,8 @@ gpuError_t launch_block(const Args<T>& a, gpuStream_t stream) {
   if (threads > kGenericThreads) threads = kGenericThreads;
   int64_t blocks = a.num_tokens;
   if (blocks > kMaxGridX) blocks = kMaxGridX;
-  topk_softmax_block_kernel<T><<<static_cast<unsigned>(blocks), static_cast<unsigned>(threads),
-                                 0, stream>>>(a);
+  topk_softmax_block_kernel<T>
+      <<<static_cast<unsigned>(blocks), static_cast<unsigned>(threads), 0, stream>>>(a);
   return gpuGetLastError();
 }
 

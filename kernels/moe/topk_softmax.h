@@ -14,10 +14,10 @@ namespace aphrodite::moe {
 /// j * num_tokens + t. Ids in a row are always distinct and in [0, num_experts), NaN/Inf logits
 /// included.
 struct TopkSoftmaxProblem {
-  float* topk_weights;             ///< [num_tokens, k], contiguous
-  int32_t* topk_indices;           ///< [num_tokens, k], contiguous
-  int32_t* token_expert_indices;   ///< [num_tokens, k], contiguous
-  const void* gating;              ///< [num_tokens, num_experts], row stride gating_row_stride
+  float* topk_weights;            ///< [num_tokens, k], contiguous
+  int32_t* topk_indices;          ///< [num_tokens, k], contiguous
+  int32_t* token_expert_indices;  ///< [num_tokens, k], contiguous
+  const void* gating;             ///< [num_tokens, num_experts], row stride gating_row_stride
   int64_t num_tokens;
   int64_t num_experts;
   int64_t k;

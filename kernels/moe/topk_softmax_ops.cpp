@@ -26,9 +26,9 @@ void topk_softmax(at::Tensor& topk_weights, at::Tensor& topk_indices,
   TORCH_CHECK(k >= 1 && k <= num_experts, op, ": k (topk_weights.size(1)) must be in [1, ",
               num_experts, "] for ", num_experts, " experts, got ", k);
   const std::vector<int64_t> shape{num_tokens, k};
-  for (const auto& [name, t] : {std::pair<const char*, const at::Tensor&>{"topk_indices",
-                                                                           topk_indices},
-                                {"token_expert_indices", token_expert_indices}}) {
+  for (const auto& [name, t] :
+       {std::pair<const char*, const at::Tensor&>{"topk_indices", topk_indices},
+        {"token_expert_indices", token_expert_indices}}) {
     TORCH_CHECK(t.sizes() == at::IntArrayRef(shape), op, ": ", name, " must have shape ", shape,
                 ", got ", t.sizes());
     check_dtype(op, name, t, at::kInt);
@@ -54,10 +54,9 @@ void topk_softmax(at::Tensor& topk_weights, at::Tensor& topk_indices,
 #if APHRODITE_FAMILY_BUILT
 #if defined(APHRODITE_BACKEND_CPU)
   TORCH_CHECK(cpu::active_isa().error.empty(), op, ": ", cpu::active_isa().error);
-  at::parallel_for(0, num_tokens, std::max<int64_t>(1, 4096 / num_experts),
-                   [&](int64_t begin, int64_t end) {
-                     APHRODITE_CPU_CALL(topk_softmax, p, begin, end);
-                   });
+  at::parallel_for(
+      0, num_tokens, std::max<int64_t>(1, 4096 / num_experts),
+      [&](int64_t begin, int64_t end) { APHRODITE_CPU_CALL(topk_softmax, p, begin, end); });
 #else
   const c10::cuda::OptionalCUDAGuard guard(gating_output.device());
   check_launch(op, moe::launch_topk_softmax(p, current_stream(gating_output)));

@@ -55,10 +55,10 @@ struct RotaryArgs {
   int64_t key_head_stride;
   int64_t cache_stride;
   int64_t max_position;
-  int num_heads;    ///< query heads; heads [num_heads, total_heads) are key heads
+  int num_heads;  ///< query heads; heads [num_heads, total_heads) are key heads
   int total_heads;
-  int lanes;        ///< lanes per head: rot_dim / 2 / kPairs
-  int half;         ///< rot_dim / 2
+  int lanes;  ///< lanes per head: rot_dim / 2 / kPairs
+  int half;   ///< rot_dim / 2
   bool positions_int32;
 };
 
@@ -183,8 +183,7 @@ gpuError_t launch_kernel(RotaryArgs<T, C> a, int64_t lanes, gpuStream_t stream) 
   int64_t blocks = ceil_div(a.num_tokens, tz);
   if (blocks > kMaxGridX) blocks = kMaxGridX;
   const dim3 grid(static_cast<unsigned>(blocks));
-  const dim3 block(static_cast<unsigned>(tx), static_cast<unsigned>(ty),
-                   static_cast<unsigned>(tz));
+  const dim3 block(static_cast<unsigned>(tx), static_cast<unsigned>(ty), static_cast<unsigned>(tz));
   rotary_kernel<T, C, kNeox, kPairs, kAligned><<<grid, block, 0, stream>>>(a);
   return gpuGetLastError();
 }

@@ -17,16 +17,16 @@ namespace aphrodite::rotary {
 ///                                                         x[2i + 1] cos[i] + x[2i] sin[i]
 /// Elements [rot_dim, head_size) of each head are neither read nor written.
 struct RotaryProblem {
-  const void* positions;       ///< [num_tokens] int64 or int32, stride positions_stride
-  void* query;                 ///< [num_tokens, num_heads, head_size], strides below
-  void* key;                   ///< [num_tokens, num_kv_heads, head_size], or nullptr
-  const void* cos_sin_cache;   ///< [max_position, rot_dim], row stride cache_stride
+  const void* positions;      ///< [num_tokens] int64 or int32, stride positions_stride
+  void* query;                ///< [num_tokens, num_heads, head_size], strides below
+  void* key;                  ///< [num_tokens, num_kv_heads, head_size], or nullptr
+  const void* cos_sin_cache;  ///< [max_position, rot_dim], row stride cache_stride
   int64_t num_tokens;
   int64_t num_heads;
-  int64_t num_kv_heads;        ///< 0 when key is nullptr
+  int64_t num_kv_heads;  ///< 0 when key is nullptr
   int64_t head_size;
-  int64_t rot_dim;             ///< even, 2 <= rot_dim <= head_size
-  int64_t max_position;        ///< rows of cos_sin_cache
+  int64_t rot_dim;       ///< even, 2 <= rot_dim <= head_size
+  int64_t max_position;  ///< rows of cos_sin_cache
   int64_t positions_stride;
   int64_t query_token_stride;
   int64_t query_head_stride;
@@ -34,9 +34,9 @@ struct RotaryProblem {
   int64_t key_head_stride;
   int64_t cache_stride;
   bool is_neox;
-  bool positions_int32;        ///< positions are int32 (else int64)
-  ScalarType dtype;            ///< of query and key
-  ScalarType cache_dtype;      ///< dtype or kFloat32
+  bool positions_int32;    ///< positions are int32 (else int64)
+  ScalarType dtype;        ///< of query and key
+  ScalarType cache_dtype;  ///< dtype or kFloat32
 };
 
 }  // namespace aphrodite::rotary
