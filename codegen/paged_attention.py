@@ -9,6 +9,9 @@ Options (APHRODITE_GENERATOR_OPTIONS="paged_attention.head_sizes=128;paged_atten
   block_sizes  which cache block sizes (default: all of BLOCK_SIZES)
   fp8          on/off: the fp8 E4M3 cache (default on; always off on rocm)
   xl           on/off: the Transformer-XL ops (default on; a run-time path, no extra code)
+  min_blocks   1..8: resident 128-thread blocks per SM the attention kernel is compiled for
+               (__launch_bounds__; default 1 = no register cap, 3 caps at 168 registers, 4 at
+               128); a tuning knob, so that builds can be measured against each other
   backend      cuda or rocm (set by the build)
 
 Cost: the full grid is 21 files of 18 kernels (3 block sizes x 2 caches x 3 group tilings); a
@@ -60,6 +63,7 @@ class Grid:
     block_sizes: list[int]
     caches: list[Cache]
     xl: bool
+    min_blocks: int
 
 
 def switch(request: common.Request, key: str, default: bool) -> bool:
@@ -69,6 +73,13 @@ def switch(request: common.Request, key: str, default: bool) -> bool:
     if value not in ("on", "off"):
         raise SystemExit(f"generator option {key}={value!r}: expected on or off")
     return value == "on"
+
+
+def min_blocks(request: common.Request) -> int:
+    value = request.options.get("min_blocks", "1")
+    if not value.isdigit() or not 1 <= int(value) <= 8:
+        raise SystemExit(f"generator option min_blocks={value!r}: expected 1 to 8")
+    return int(value)
 
 
 def grid(request: common.Request) -> Grid:
@@ -86,6 +97,7 @@ def grid(request: common.Request) -> Grid:
         block_sizes=[int(b) for b in blocks],
         caches=[c for c in CACHES if c.name == "auto" or fp8],
         xl=switch(request, "xl", True),
+        min_blocks=min_blocks(request),
     )
 
 
@@ -102,6 +114,7 @@ def render(request: common.Request) -> dict[str, str]:
                 head=head,
                 block_sizes=g.block_sizes,
                 caches=g.caches,
+                min_blocks=g.min_blocks,
             )
     files["paged_attention_dispatch.cu"] = env.get_template(TEMPLATES[1]).render(
         banner=common.banner(Path(__file__), TEMPLATES[1]), grid=g

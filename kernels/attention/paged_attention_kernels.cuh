@@ -44,6 +44,17 @@ inline constexpr int kWarp = 32;
 inline constexpr int kWarps = kThreads / kWarp;
 /// Tokens per chunk: the softmax step's unit and the size of the score buffer.
 inline constexpr int kChunk = 256;
+/// Resident blocks per SM the attention kernel is compiled for (its __launch_bounds__): 1 lets
+/// ptxas take up to 255 registers a thread (today 209-245 at head size 128: 2 blocks, 8 warps
+/// an SM); 3 or 4 cap a thread at 168 or 128 registers for 12 or 16 warps an SM, at the price
+/// of some spills (a few hundred bytes a thread at head size 128). The generator option
+/// paged_attention.min_blocks sets it per build, so that the variants can be measured.
+#ifndef APHRODITE_PAGED_ATTENTION_MIN_BLOCKS
+#define APHRODITE_PAGED_ATTENTION_MIN_BLOCKS 1
+#endif
+static_assert(APHRODITE_PAGED_ATTENTION_MIN_BLOCKS >= 1 &&
+                  APHRODITE_PAGED_ATTENTION_MIN_BLOCKS <= 8,
+              "paged_attention.min_blocks: 1 to 8 blocks of 128 threads");
 /// Grid limit on sequences (blockIdx.z); the kernels loop beyond it.
 inline constexpr int64_t kMaxGridZ = 65535;
 
@@ -136,7 +147,12 @@ struct Launch {
 /// One thread block: sequence blockIdx.z (+ k * gridDim.z), kv head blockIdx.x / num_splits,
 /// query heads [split * kG, ...) of its group, tokens of partition blockIdx.y.
 template <typename T, typename CacheT, int kHead, int kBS, int kG>
-__global__ void __launch_bounds__(kThreads)
+__global__ void
+#if APHRODITE_PAGED_ATTENTION_MIN_BLOCKS > 1
+__launch_bounds__(kThreads, APHRODITE_PAGED_ATTENTION_MIN_BLOCKS)
+#else
+__launch_bounds__(kThreads)  // as before the option: (kThreads, 1) compiles a little differently
+#endif
     paged_attention_kernel(const PagedAttentionProblem p, const Launch l) {
   using S = Shape<T, CacheT, kHead, kBS, kG>;
   __shared__ alignas(16) float q_s[kG][kHead];

@@ -66,9 +66,31 @@ def test_rocm_leaves_out_fp8_and_bad_options_fail(tmp_path):
     r = run_gen(tmp_path, "backend=rocm", "head_sizes=64", "dtypes=f16", describe=False)
     assert r.returncode == 0, r.stderr
     assert "uint8_t" not in (tmp_path / "o" / "paged_attention_f16_h64.cu").read_text()
-    for bad in ("head_sizes=72", "fp8=maybe", "block_sizes=", "backend=metal"):
+    for bad in (
+        "head_sizes=72",
+        "fp8=maybe",
+        "block_sizes=",
+        "backend=metal",
+        "min_blocks=0",
+        "min_blocks=9",
+        "min_blocks=x",
+    ):
         r = run_gen(tmp_path, bad)
         assert r.returncode != 0 and ("expected" in r.stderr), (bad, r.stderr)
+
+
+def test_min_blocks_sets_the_launch_bounds_minimum(tmp_path):
+    define = "#define APHRODITE_PAGED_ATTENTION_MIN_BLOCKS"
+    r = run_gen(tmp_path, "head_sizes=128", "dtypes=bf16", describe=False)
+    assert r.returncode == 0, r.stderr
+    inst = (tmp_path / "o" / "paged_attention_bf16_h128.cu").read_text()
+    assert define not in inst  # the default: the header's 1, no register cap
+    r = run_gen(tmp_path, "head_sizes=128", "dtypes=bf16", "min_blocks=3", describe=False)
+    assert r.returncode == 0, r.stderr
+    inst = (tmp_path / "o" / "paged_attention_bf16_h128.cu").read_text()
+    assert f"{define} 3\n" in inst
+    assert define + " 3\n" in (tmp_path / "o" / "paged_attention_dispatch.cu").read_text()
+    assert inst.index(define) < inst.index('#include "attention/paged_attention_kernels.cuh"')
 
 
 # ---- the kernel's compile-time shape, as Shape<> computes it ---------------------------------
