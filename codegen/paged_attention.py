@@ -12,6 +12,9 @@ Options (APHRODITE_GENERATOR_OPTIONS="paged_attention.head_sizes=128;paged_atten
   min_blocks   1..8: resident 128-thread blocks per SM the attention kernel is compiled for
                (__launch_bounds__; default 1 = no register cap, 3 caps at 168 registers, 4 at
                128); a tuning knob, so that builds can be measured against each other
+  kernel       regs (default) or staged: the attention kernel that the launchers run.
+               staged copies K and V into a shared-memory ring with cp.async
+               (paged_attention_staged_kernel); CUDA only (rocm builds keep regs)
   backend      cuda or rocm (set by the build)
 
 Cost: the full grid is 21 files of 18 kernels (3 block sizes x 2 caches x 3 group tilings); a
@@ -64,6 +67,7 @@ class Grid:
     caches: list[Cache]
     xl: bool
     min_blocks: int
+    staged: bool
 
 
 def switch(request: common.Request, key: str, default: bool) -> bool:
@@ -82,6 +86,13 @@ def min_blocks(request: common.Request) -> int:
     return int(value)
 
 
+def kernel(request: common.Request) -> str:
+    value = request.options.get("kernel", "regs")
+    if value not in ("regs", "staged"):
+        raise SystemExit(f"generator option kernel={value!r}: expected regs or staged")
+    return value
+
+
 def grid(request: common.Request) -> Grid:
     backend = request.options.get("backend", "cuda")
     if backend not in ("cuda", "rocm"):
@@ -98,6 +109,7 @@ def grid(request: common.Request) -> Grid:
         caches=[c for c in CACHES if c.name == "auto" or fp8],
         xl=switch(request, "xl", True),
         min_blocks=min_blocks(request),
+        staged=kernel(request) == "staged" and backend == "cuda",
     )
 
 
@@ -115,6 +127,7 @@ def render(request: common.Request) -> dict[str, str]:
                 block_sizes=g.block_sizes,
                 caches=g.caches,
                 min_blocks=g.min_blocks,
+                staged=g.staged,
             )
     files["paged_attention_dispatch.cu"] = env.get_template(TEMPLATES[1]).render(
         banner=common.banner(Path(__file__), TEMPLATES[1]), grid=g
