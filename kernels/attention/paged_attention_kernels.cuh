@@ -565,7 +565,10 @@ __global__ void __launch_bounds__(kReduceThreads)
 __device__ __forceinline__ void stage_copy16(void* smem, const void* gmem) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 && !defined(USE_ROCM)
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+  // No "memory" clobber: it would keep the compiler from issuing the tile's block-table reads
+  // ahead of these copies. The slot's previous readers are ordered by the __syncthreads before
+  // the copy, its next readers by stage_wait's clobber and the __syncthreads after it.
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
 #else
   *reinterpret_cast<uint4*>(smem) = *reinterpret_cast<const uint4*>(gmem);
 #endif
@@ -585,8 +588,10 @@ __device__ __forceinline__ void stage_wait() {
 #endif
 }
 
-/// Tiles in the ring.
-inline constexpr int kStages = 4;
+/// Tiles in the ring (fewer for tiles that a whole cache block makes larger than kTileBytes, so
+/// that the ring stays within 64 KiB: 88 KiB a block at most, which every sm_80+ GPU allows).
+inline constexpr int kMaxStages = 4;
+inline constexpr int kMaxRingBytes = 65536;
 /// Bytes a tile aims at (of K or of V): 4 tiles of 16 KiB plus the static buffers let 3 blocks
 /// of 128 threads share an H100 SM, each with up to 48 KiB of copies in flight.
 inline constexpr int kTileBytes = 16384;
@@ -605,7 +610,11 @@ struct StagedShape {
   static constexpr int kBlkElems = kHead * kBS;
   static constexpr int kTileElems = kTT * kHead;
   static constexpr int kBlk16 = kBlkElems * static_cast<int>(sizeof(CacheT)) / 16;
-  static constexpr int kRingBytes = kStages * kTileElems * static_cast<int>(sizeof(CacheT));
+  static constexpr int kTileBytesActual = kTileElems * static_cast<int>(sizeof(CacheT));
+  static constexpr int kStages = cmin(kMaxStages, cmax(2, kMaxRingBytes / kTileBytesActual));
+  static constexpr int kRingBytes = kStages * kTileBytesActual;
+  /// 16-byte copies per thread and tile.
+  static constexpr int kCopyIters = cdiv(kTB * kBlk16, kThreads);
   /// QK step: kLPT threads per token (one token per thread group), adjacent in lane order by
   /// token: lane = token_in_warp + kTPW * j, and piece c = j + kLPT * i.
   static constexpr int kLPT = kThreads / kTT;
@@ -619,11 +628,12 @@ struct StagedShape {
   static constexpr int kVE = S::kVE;  ///< tokens per value vector (within one cache block)
   static constexpr int kSegs = kTT / kVE;
   static_assert(kChunk % kTT == 0 && kTT % kBS == 0 && kLPT >= 1 && kLPT <= kWarp, "tile shape");
+  static_assert(kRingBytes <= kMaxRingBytes, "ring size");
   static_assert(kBS % kVE == 0 && (kBlkElems * sizeof(CacheT)) % 16 == 0, "tile shape");
 };
 
 template <typename T, typename CacheT, int kHead, int kBS, int kG>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, 3)  // 3 blocks an SM: what the ring allows on H100
     paged_attention_staged_kernel(const PagedAttentionProblem p, const Launch l) {
   using SS = StagedShape<T, CacheT, kHead, kBS, kG>;
   extern __shared__ __align__(16) unsigned char ring_raw[];
@@ -690,13 +700,18 @@ __global__ void __launch_bounds__(kThreads)
         const CacheT* src0 = pkind == 0 ? kc : vc;
         CacheT* dst0 = ring + pslot * SS::kTileElems;
         const int first_block = pc0 / kBS;
-        for (int i = tid; i < nblk * SS::kBlk16; i += kThreads) {
-          const int bb = i / SS::kBlk16;
-          const int piece = i % SS::kBlk16;
-          const int64_t phys = table[first_block + b0 + bb];
-          const CacheT* src = src0 + phys * p.kv_block_stride + kvh * p.kv_head_stride;
-          stage_copy16(dst0 + bb * SS::kBlkElems + piece * (16 / static_cast<int>(sizeof(CacheT))),
-                       src + piece * (16 / static_cast<int>(sizeof(CacheT))));
+        // Unrolled, so that the block-table reads of the tile are all issued before the copies
+        // that depend on them (one latency, not one per copy).
+#pragma unroll
+        for (int k = 0; k < SS::kCopyIters; ++k) {
+          const int i = tid + k * kThreads;
+          if (i < nblk * SS::kBlk16) {
+            const int bb = i / SS::kBlk16;
+            const int piece = i % SS::kBlk16;
+            const int64_t phys = table[first_block + b0 + bb];
+            const CacheT* src = src0 + phys * p.kv_block_stride + kvh * p.kv_head_stride;
+            stage_copy16(dst0 + bb * SS::kBlkElems + piece * SS::kX, src + piece * SS::kX);
+          }
         }
         // Advance: the chunk's K tiles, then its V tiles, then the next chunk.
         if (++ptile * SS::kTB >= nb) {
@@ -710,12 +725,12 @@ __global__ void __launch_bounds__(kThreads)
         }
       }
       stage_commit();  // an empty group at the end keeps the wait counts uniform
-      pslot = pslot + 1 == kStages ? 0 : pslot + 1;
+      pslot = pslot + 1 == SS::kStages ? 0 : pslot + 1;
     };
     int cslot = 0;  // the ring slot of the next tile to compute
     // Waits for the next tile, then refills the slot computed before it.
     auto next_tile = [&]() {
-      stage_wait<kStages - 2>();
+      stage_wait<SS::kStages - 2>();
       __syncthreads();
       issue();
     };
@@ -744,10 +759,10 @@ __global__ void __launch_bounds__(kThreads)
     for (int i = 0; i < SS::kDIters; ++i)
 #pragma unroll
       for (int g = 0; g < kG; ++g) acc[i][g] = 0.0f;
-    // The prologue: kStages - 1 tiles in flight (the first wait's __syncthreads also publishes
-    // q_s and run_*).
+    // The prologue: kStages - 1 tiles in flight (the first wait's __syncthreads also publishes q_s
+    // and run_*).
 #pragma unroll 1
-    for (int i = 0; i + 1 < kStages; ++i) issue();
+    for (int i = 0; i + 1 < SS::kStages; ++i) issue();
 
     const float* slopes = p.alibi_slopes;
 #pragma unroll 1
@@ -761,7 +776,7 @@ __global__ void __launch_bounds__(kThreads)
       for (int tile = 0; tile < ntile; ++tile) {
         next_tile();
         const CacheT* kt = ring + cslot * SS::kTileElems;
-        cslot = cslot + 1 == kStages ? 0 : cslot + 1;
+        cslot = cslot + 1 == SS::kStages ? 0 : cslot + 1;
         const int t = tile * SS::kTT + qk_tok;  // token within the chunk
         const CacheT* kb =
             kt + (qk_tok / kBS) * SS::kBlkElems + (qk_tok % kBS) * SS::kX;
@@ -852,7 +867,7 @@ __global__ void __launch_bounds__(kThreads)
       for (int tile = 0; tile < ntile; ++tile) {
         next_tile();
         const CacheT* vt = ring + cslot * SS::kTileElems;
-        cslot = cslot + 1 == kStages ? 0 : cslot + 1;
+        cslot = cslot + 1 == SS::kStages ? 0 : cslot + 1;
 #pragma unroll 1
         for (int sg = pv_tg; sg < SS::kSegs; sg += SS::kTG) {
           const int tt0 = sg * SS::kVE;              // first token of the segment, in the tile

@@ -188,7 +188,7 @@ def test_every_piece_and_block_is_read_exactly_once(cb, head, bs, kg):
 
 
 # ---- the staged kernel (paged_attention.kernel=staged), as StagedShape<> computes it -------
-STAGES, TILE_BYTES = 4, 16384
+MAX_STAGES, TILE_BYTES, MAX_RING = 4, 16384, 65536
 
 
 def pow2_floor(v):
@@ -202,7 +202,9 @@ def staged_shape(cache_bytes, head, bs):
     s["kTB"] = s["kTT"] // bs
     s["kBlkElems"] = head * bs
     s["kBlk16"] = head * bs * cache_bytes // 16
-    s["kRingBytes"] = STAGES * s["kTT"] * head * cache_bytes
+    tile = s["kTT"] * head * cache_bytes
+    s["kStages"] = min(MAX_STAGES, max(2, MAX_RING // tile))
+    s["kRingBytes"] = s["kStages"] * tile
     s["kLPT"] = THREADS // s["kTT"]
     s["kTPW"] = WARP // s["kLPT"]
     s["kKIters"] = cdiv(s["kNC"], s["kLPT"])
@@ -237,9 +239,11 @@ def test_staged_tiles_cover_every_token_piece_and_dimension_once(cb, head, bs):
     s = staged_shape(cb, head, bs)
     assert CHUNK % s["kTT"] == 0 and s["kTT"] % bs == 0 and 1 <= s["kLPT"] <= WARP
     assert bs % s["kVE"] == 0 and s["kVE"] % 4 == 0 and s["kX"] % 4 == 0
-    # Shared memory: the ring plus the largest static buffers (kG = 8) fit an H100 block.
+    # Shared memory: the ring plus the largest static buffers (kG = 8) fit the 99 KiB that
+    # every sm_80+ GPU allows a block; at least two tiles, so that copies overlap compute.
     static = 8 * (2 * head + CHUNK) * 4 + 3 * 8 * 4
-    assert s["kRingBytes"] + static <= 227 * 1024
+    assert s["kRingBytes"] <= MAX_RING and s["kRingBytes"] + static <= 99 * 1024
+    assert s["kStages"] >= 2
     # Copies: 16-byte pieces of whole cache blocks, tiles 16-byte aligned in the ring.
     assert (s["kBlkElems"] * cb) % 16 == 0 and (s["kTT"] * head * cb) % 16 == 0
     # QK: thread (warp, lane) takes token warp * kTPW + lane % kTPW and pieces
