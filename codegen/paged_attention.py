@@ -9,12 +9,14 @@ Options (APHRODITE_GENERATOR_OPTIONS="paged_attention.head_sizes=128;paged_atten
   block_sizes  which cache block sizes (default: all of BLOCK_SIZES)
   fp8          on/off: the fp8 E4M3 cache (default on; always off on rocm)
   xl           on/off: the Transformer-XL ops (default on; a run-time path, no extra code)
-  min_blocks   1..8: resident 128-thread blocks per SM the attention kernel is compiled for
+  min_blocks   1..8: resident 128-thread blocks per SM the regs kernel is compiled for
                (__launch_bounds__; default 1 = no register cap, 3 caps at 168 registers, 4 at
                128); a tuning knob, so that builds can be measured against each other
-  kernel       regs (default) or staged: the attention kernel that the launchers run.
+  kernel       staged (default) or regs: the attention kernel that the launchers run.
                staged copies K and V into a shared-memory ring with cp.async
-               (paged_attention_staged_kernel); CUDA only (rocm builds keep regs)
+               (paged_attention_staged_kernel; CUDA only: rocm builds run regs); regs loads
+               them into registers (paged_attention_kernel, the first kernel, kept as a
+               fallback and for comparison)
   backend      cuda or rocm (set by the build)
 
 Cost: the full grid is 21 files of 18 kernels (3 block sizes x 2 caches x 3 group tilings); a
@@ -87,7 +89,7 @@ def min_blocks(request: common.Request) -> int:
 
 
 def kernel(request: common.Request) -> str:
-    value = request.options.get("kernel", "regs")
+    value = request.options.get("kernel", "staged")
     if value not in ("regs", "staged"):
         raise SystemExit(f"generator option kernel={value!r}: expected regs or staged")
     return value

@@ -56,7 +56,7 @@ static_assert(APHRODITE_PAGED_ATTENTION_MIN_BLOCKS >= 1 &&
                   APHRODITE_PAGED_ATTENTION_MIN_BLOCKS <= 8,
               "paged_attention.min_blocks: 1 to 8 blocks of 128 threads");
 /// 1: the attention launcher runs paged_attention_staged_kernel (generator option
-/// paged_attention.kernel=staged; CUDA only), 0: paged_attention_kernel.
+/// paged_attention.kernel=staged, the default; CUDA only), 0: paged_attention_kernel (=regs).
 #if !defined(APHRODITE_PAGED_ATTENTION_STAGED) || defined(USE_ROCM)
 #undef APHRODITE_PAGED_ATTENTION_STAGED
 #define APHRODITE_PAGED_ATTENTION_STAGED 0

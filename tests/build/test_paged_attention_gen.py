@@ -74,6 +74,7 @@ def test_rocm_leaves_out_fp8_and_bad_options_fail(tmp_path):
         "min_blocks=0",
         "min_blocks=9",
         "min_blocks=x",
+        "kernel=fast",
     ):
         r = run_gen(tmp_path, bad)
         assert r.returncode != 0 and ("expected" in r.stderr), (bad, r.stderr)
@@ -91,6 +92,24 @@ def test_min_blocks_sets_the_launch_bounds_minimum(tmp_path):
     assert f"{define} 3\n" in inst
     assert define + " 3\n" in (tmp_path / "o" / "paged_attention_dispatch.cu").read_text()
     assert inst.index(define) < inst.index('#include "attention/paged_attention_kernels.cuh"')
+
+
+def test_kernel_option_picks_the_attention_kernel(tmp_path):
+    define = "#define APHRODITE_PAGED_ATTENTION_STAGED 1"
+
+    def files(*options):
+        r = run_gen(tmp_path, "head_sizes=128", "dtypes=bf16", *options, describe=False)
+        assert r.returncode == 0, r.stderr
+        out = tmp_path / "o"
+        return [
+            (out / f).read_text()
+            for f in ("paged_attention_bf16_h128.cu", "paged_attention_dispatch.cu")
+        ]
+
+    assert all(define in f for f in files())  # staged by default
+    assert all(define in f for f in files("kernel=staged"))
+    assert not any(define in f for f in files("kernel=regs"))
+    assert not any(define in f for f in files("kernel=staged", "backend=rocm"))
 
 
 # ---- the kernel's compile-time shape, as Shape<> computes it ---------------------------------
