@@ -18,6 +18,10 @@
 //   tokens its own block, writes (max, sum, normalised partial output) to the scratch, and a
 //   reduce kernel combines them; a sequence that fits one partition is written to `out`
 //   directly and skipped by the reduce. v2 is the fast path for long contexts or small batches.
+// - Two kernels implement this: paged_attention_kernel loads K and V into registers (209-245 of
+//   them a thread at head size 128: 8 warps an SM, too few loads in flight to fill an H100's
+//   memory system); paged_attention_staged_kernel (the default, below) stages them through a
+//   shared-memory ring with cp.async. The generator option paged_attention.kernel picks one.
 // Torch-free.
 #pragma once
 
