@@ -640,7 +640,7 @@ template <typename T, typename CacheT, int kHead, int kBS, int kG>
 __global__ void __launch_bounds__(kThreads, 3)  // 3 blocks an SM: what the ring allows on H100
     paged_attention_staged_kernel(const PagedAttentionProblem p, const Launch l) {
   using SS = StagedShape<T, CacheT, kHead, kBS, kG>;
-  extern __shared__ __align__(16) unsigned char ring_raw[];
+  extern __shared__ uint4 ring_raw[];  // uint4: 16-byte aligned
   CacheT* ring = reinterpret_cast<CacheT*>(ring_raw);
   __shared__ alignas(16) float q_s[kG][kHead];
   __shared__ alignas(16) float score_s[kG][kChunk];
