@@ -18,6 +18,10 @@
 //   tokens its own block, writes (max, sum, normalised partial output) to the scratch, and a
 //   reduce kernel combines them; a sequence that fits one partition is written to `out`
 //   directly and skipped by the reduce. v2 is the fast path for long contexts or small batches.
+// - Two kernels implement this: paged_attention_kernel loads K and V into registers (209-245 of
+//   them a thread at head size 128: 8 warps an SM, too few loads in flight to fill an H100's
+//   memory system); paged_attention_staged_kernel (the default, below) stages them through a
+//   shared-memory ring with cp.async. The generator option paged_attention.kernel picks one.
 // Torch-free.
 #pragma once
 
@@ -44,6 +48,23 @@ inline constexpr int kWarp = 32;
 inline constexpr int kWarps = kThreads / kWarp;
 /// Tokens per chunk: the softmax step's unit and the size of the score buffer.
 inline constexpr int kChunk = 256;
+/// Resident blocks per SM the attention kernel is compiled for (its __launch_bounds__): 1 lets
+/// ptxas take up to 255 registers a thread (today 209-245 at head size 128: 2 blocks, 8 warps
+/// an SM); 3 or 4 cap a thread at 168 or 128 registers for 12 or 16 warps an SM, at the price
+/// of some spills (a few hundred bytes a thread at head size 128). The generator option
+/// paged_attention.min_blocks sets it per build, so that the variants can be measured.
+#ifndef APHRODITE_PAGED_ATTENTION_MIN_BLOCKS
+#define APHRODITE_PAGED_ATTENTION_MIN_BLOCKS 1
+#endif
+static_assert(APHRODITE_PAGED_ATTENTION_MIN_BLOCKS >= 1 &&
+                  APHRODITE_PAGED_ATTENTION_MIN_BLOCKS <= 8,
+              "paged_attention.min_blocks: 1 to 8 blocks of 128 threads");
+/// 1: the attention launcher runs paged_attention_staged_kernel (generator option
+/// paged_attention.kernel=staged, the default; CUDA only), 0: paged_attention_kernel (=regs).
+#if !defined(APHRODITE_PAGED_ATTENTION_STAGED) || defined(USE_ROCM)
+#undef APHRODITE_PAGED_ATTENTION_STAGED
+#define APHRODITE_PAGED_ATTENTION_STAGED 0
+#endif
 /// Grid limit on sequences (blockIdx.z); the kernels loop beyond it.
 inline constexpr int64_t kMaxGridZ = 65535;
 
@@ -136,7 +157,12 @@ struct Launch {
 /// One thread block: sequence blockIdx.z (+ k * gridDim.z), kv head blockIdx.x / num_splits,
 /// query heads [split * kG, ...) of its group, tokens of partition blockIdx.y.
 template <typename T, typename CacheT, int kHead, int kBS, int kG>
-__global__ void __launch_bounds__(kThreads)
+__global__ void
+#if APHRODITE_PAGED_ATTENTION_MIN_BLOCKS > 1
+__launch_bounds__(kThreads, APHRODITE_PAGED_ATTENTION_MIN_BLOCKS)
+#else
+__launch_bounds__(kThreads)  // as before the option: (kThreads, 1) compiles a little differently
+#endif
     paged_attention_kernel(const PagedAttentionProblem p, const Launch l) {
   using S = Shape<T, CacheT, kHead, kBS, kG>;
   __shared__ alignas(16) float q_s[kG][kHead];
@@ -530,6 +556,400 @@ __global__ void __launch_bounds__(kReduceThreads)
   }
 }
 
+// ---- The staged kernel (generator option paged_attention.kernel=staged) ----------------------
+// The same algorithm and chunk structure as paged_attention_kernel, but K and V reach the
+// threads through shared memory: a ring of kStages tiles of kTT tokens each, filled with 16-byte
+// cp.async copies (a cache block of one kv head is kHead * kBS contiguous elements in both
+// caches, so a tile is a few long contiguous runs). The block walks one sequence of tiles: the
+// K tiles of chunk 0, its V tiles, the K tiles of chunk 1, ...; the copies run kStages - 1 tiles
+// ahead of the compute, across the softmax step and chunk boundaries, so the bytes in flight no
+// longer live in registers (fewer registers, more blocks per SM, more loads outstanding).
+
+/// The staging copy: cp.async (sm_80+, bypassing L1), else a plain 16-byte load and store.
+__device__ __forceinline__ void stage_copy16(void* smem, const void* gmem) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 && !defined(USE_ROCM)
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  // No "memory" clobber: it would keep the compiler from issuing the tile's block-table reads
+  // ahead of these copies. The slot's previous readers are ordered by the __syncthreads before
+  // the copy, its next readers by stage_wait's clobber and the __syncthreads after it.
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
+#else
+  *reinterpret_cast<uint4*>(smem) = *reinterpret_cast<const uint4*>(gmem);
+#endif
+}
+
+__device__ __forceinline__ void stage_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 && !defined(USE_ROCM)
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+
+/// Waits until at most N of this thread's most recent copy groups are still in flight.
+template <int N>
+__device__ __forceinline__ void stage_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 && !defined(USE_ROCM)
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
+/// Tiles in the ring (fewer for tiles that a whole cache block makes larger than kTileBytes, so
+/// that the ring stays within 64 KiB: 88 KiB a block at most, which every sm_80+ GPU allows).
+inline constexpr int kMaxStages = 4;
+inline constexpr int kMaxRingBytes = 65536;
+/// Bytes a tile aims at (of K or of V): 4 tiles of 16 KiB plus the static buffers let 3 blocks
+/// of 128 threads share an H100 SM, each with up to 48 KiB of copies in flight.
+inline constexpr int kTileBytes = 16384;
+
+template <typename T, typename CacheT, int kHead, int kBS, int kG>
+struct StagedShape {
+  using S = Shape<T, CacheT, kHead, kBS, kG>;
+  static constexpr int kX = S::kX;
+  static constexpr int kNC = S::kNC;
+  static constexpr int kTokBytes = kHead * static_cast<int>(sizeof(CacheT));
+  static constexpr int pow2_floor(int v) { return v >= 2 ? 2 * pow2_floor(v / 2) : 1; }
+  /// Tokens per tile: a power of two in [kBS, 128] (kChunk is a multiple of it), so that a tile
+  /// holds whole cache blocks and the QK step has at least one thread per token.
+  static constexpr int kTT = cmin(128, cmax(kBS, pow2_floor(kTileBytes / kTokBytes)));
+  static constexpr int kTB = kTT / kBS;  ///< cache blocks per tile
+  static constexpr int kBlkElems = kHead * kBS;
+  static constexpr int kTileElems = kTT * kHead;
+  static constexpr int kBlk16 = kBlkElems * static_cast<int>(sizeof(CacheT)) / 16;
+  static constexpr int kTileBytesActual = kTileElems * static_cast<int>(sizeof(CacheT));
+  static constexpr int kStages = cmin(kMaxStages, cmax(2, kMaxRingBytes / kTileBytesActual));
+  static constexpr int kRingBytes = kStages * kTileBytesActual;
+  /// 16-byte copies per thread and tile.
+  static constexpr int kCopyIters = cdiv(kTB * kBlk16, kThreads);
+  /// QK step: kLPT threads per token (one token per thread group), adjacent in lane order by
+  /// token: lane = token_in_warp + kTPW * j, and piece c = j + kLPT * i.
+  static constexpr int kLPT = kThreads / kTT;
+  static constexpr int kTPW = kWarp / kLPT;  ///< tokens per warp
+  static constexpr int kKIters = cdiv(kNC, kLPT);
+  /// PV step: kTG token groups of kDThreads threads; thread (tg, dl) owns dimensions
+  /// dl + kDThreads * i and the kVE-token segments sg of each tile with sg % kTG == tg.
+  static constexpr int kTG = cmax(1, kThreads / kHead);
+  static constexpr int kDThreads = kThreads / kTG;
+  static constexpr int kDIters = cdiv(kHead, kDThreads);
+  static constexpr int kVE = S::kVE;  ///< tokens per value vector (within one cache block)
+  static constexpr int kSegs = kTT / kVE;
+  static_assert(kChunk % kTT == 0 && kTT % kBS == 0 && kLPT >= 1 && kLPT <= kWarp, "tile shape");
+  static_assert(kRingBytes <= kMaxRingBytes, "ring size");
+  static_assert(kBS % kVE == 0 && (kBlkElems * sizeof(CacheT)) % 16 == 0, "tile shape");
+};
+
+template <typename T, typename CacheT, int kHead, int kBS, int kG>
+__global__ void __launch_bounds__(kThreads, 3)  // 3 blocks an SM: what the ring allows on H100
+    paged_attention_staged_kernel(const PagedAttentionProblem p, const Launch l) {
+  using SS = StagedShape<T, CacheT, kHead, kBS, kG>;
+  extern __shared__ uint4 ring_raw[];  // uint4: 16-byte aligned
+  CacheT* ring = reinterpret_cast<CacheT*>(ring_raw);
+  __shared__ alignas(16) float q_s[kG][kHead];
+  __shared__ alignas(16) float score_s[kG][kChunk];
+  __shared__ alignas(16) float red_s[kG][kHead];
+  __shared__ float run_max[kG], run_sum[kG], alpha_s[kG];
+
+  const int tid = threadIdx.x;
+  const int warp = tid / kWarp;
+  const int lane = tid % kWarp;
+  const int group = static_cast<int>(p.num_heads / p.num_kv_heads);
+  const int kvh = static_cast<int>(blockIdx.x) / l.num_splits;
+  const int split = static_cast<int>(blockIdx.x) % l.num_splits;
+  const int head0 = kvh * group + split * kG;
+  const int ng = cmin(kG, group - split * kG);  // heads of this block (>= 1)
+  const bool xl = p.pos_bias_u != nullptr;
+  const CacheT* __restrict__ kc = static_cast<const CacheT*>(p.key_cache);
+  const CacheT* __restrict__ vc = static_cast<const CacheT*>(p.value_cache);
+  float k_scale = 1.0f, v_scale = 1.0f;
+  if constexpr (Shape<T, CacheT, kHead, kBS, kG>::kFp8) {
+    k_scale = *p.k_scale;
+    v_scale = *p.v_scale;
+  }
+  // QK mapping: this thread's token within a tile and its first key piece.
+  const int qk_tok = warp * SS::kTPW + lane % SS::kTPW;
+  const int qk_j = lane / SS::kTPW;
+  // PV mapping.
+  const int pv_tg = tid / SS::kDThreads;
+  const int pv_dl = tid % SS::kDThreads;
+
+  for (int64_t s = blockIdx.z; s < p.num_seqs; s += gridDim.z) {
+    const int seq_len = p.seq_lens[s];
+    const int64_t begin = static_cast<int64_t>(blockIdx.y) * l.partition_size;
+    if (begin >= seq_len && !(seq_len == 0 && blockIdx.y == 0 && l.exp_sums == nullptr)) {
+      continue;  // an empty partition: the reduce never reads it
+    }
+    const int end = static_cast<int>(
+        seq_len < begin + l.partition_size ? seq_len : begin + l.partition_size);
+    const bool direct = l.exp_sums == nullptr || seq_len <= l.partition_size;
+
+    if (seq_len == 0) {  // v1 only (v2's reduce writes the zeros)
+      for (int i = tid; i < ng * kHead; i += kThreads) {
+        T* o = static_cast<T*>(p.out) + s * p.num_heads * kHead +
+               static_cast<int64_t>(head0 + i / kHead) * kHead + i % kHead;
+        *o = from_float<T>(0.0f);
+      }
+      continue;
+    }
+
+    const int32_t* __restrict__ table = p.block_tables + s * p.block_table_stride;
+    // The producer: the next tile to copy (chunk start, K or V, tile within the chunk) and the
+    // ring slot it goes to. Every thread keeps the same state; each copies a share of a tile.
+    int pc0 = static_cast<int>(begin);
+    int pkind = 0;  // 0: K, 1: V
+    int ptile = 0;
+    int pslot = 0;
+    auto issue = [&]() {
+      if (pc0 < end) {
+        const int nb = cdiv(cmin(kChunk, end - pc0), kBS);  // cache blocks of the chunk
+        const int b0 = ptile * SS::kTB;
+        const int nblk = cmin(SS::kTB, nb - b0);
+        const CacheT* src0 = pkind == 0 ? kc : vc;
+        CacheT* dst0 = ring + pslot * SS::kTileElems;
+        const int first_block = pc0 / kBS;
+        // Unrolled, so that the block-table reads of the tile are all issued before the copies
+        // that depend on them (one latency, not one per copy).
+#pragma unroll
+        for (int k = 0; k < SS::kCopyIters; ++k) {
+          const int i = tid + k * kThreads;
+          if (i < nblk * SS::kBlk16) {
+            const int bb = i / SS::kBlk16;
+            const int piece = i % SS::kBlk16;
+            const int64_t phys = table[first_block + b0 + bb];
+            const CacheT* src = src0 + phys * p.kv_block_stride + kvh * p.kv_head_stride;
+            stage_copy16(dst0 + bb * SS::kBlkElems + piece * SS::kX, src + piece * SS::kX);
+          }
+        }
+        // Advance: the chunk's K tiles, then its V tiles, then the next chunk.
+        if (++ptile * SS::kTB >= nb) {
+          ptile = 0;
+          if (pkind == 0) {
+            pkind = 1;
+          } else {
+            pkind = 0;
+            pc0 += kChunk;
+          }
+        }
+      }
+      stage_commit();  // an empty group at the end keeps the wait counts uniform
+      pslot = pslot + 1 == SS::kStages ? 0 : pslot + 1;
+    };
+    int cslot = 0;  // the ring slot of the next tile to compute
+    // Waits for the next tile, then refills the slot computed before it.
+    auto next_tile = [&]() {
+      stage_wait<SS::kStages - 2>();
+      __syncthreads();
+      issue();
+    };
+
+    // q (+ u for XL) of the group's heads, in fp32, times scale (and k_scale for fp8 caches).
+    const float qmul = p.scale * k_scale;
+    for (int i = tid; i < kG * kHead; i += kThreads) {
+      const int g = i / kHead, d = i % kHead;
+      float v = 0.0f;
+      if (g < ng) {
+        const int64_t h = head0 + g;
+        v = to_float(static_cast<const T*>(p.query)[s * p.q_seq_stride + h * p.q_head_stride + d]);
+        if (xl) {
+          v += to_float(
+              static_cast<const T*>(p.pos_bias_u)[s * p.u_seq_stride + h * p.u_head_stride + d]);
+        }
+      }
+      q_s[g][d] = v * qmul;
+    }
+    if (tid < kG) {
+      run_max[tid] = -INFINITY;
+      run_sum[tid] = 0.0f;
+    }
+    float acc[SS::kDIters][kG];
+#pragma unroll
+    for (int i = 0; i < SS::kDIters; ++i)
+#pragma unroll
+      for (int g = 0; g < kG; ++g) acc[i][g] = 0.0f;
+    // The prologue: kStages - 1 tiles in flight (the first wait's __syncthreads also publishes q_s
+    // and run_*).
+#pragma unroll 1
+    for (int i = 0; i + 1 < SS::kStages; ++i) issue();
+
+    const float* slopes = p.alibi_slopes;
+#pragma unroll 1
+    for (int c0 = static_cast<int>(begin); c0 < end; c0 += kChunk) {
+      const int n = cmin(kChunk, end - c0);  // valid tokens of this chunk
+      const int nb = cdiv(n, kBS);           // cache blocks it touches
+      const int ntile = cdiv(nb, SS::kTB);
+
+      // (1) scores: thread group qk_tok takes token qk_tok of each K tile.
+#pragma unroll 1
+      for (int tile = 0; tile < ntile; ++tile) {
+        next_tile();
+        const CacheT* kt = ring + cslot * SS::kTileElems;
+        cslot = cslot + 1 == SS::kStages ? 0 : cslot + 1;
+        const int t = tile * SS::kTT + qk_tok;  // token within the chunk
+        const CacheT* kb =
+            kt + (qk_tok / kBS) * SS::kBlkElems + (qk_tok % kBS) * SS::kX;
+        float dot[kG];
+#pragma unroll
+        for (int g = 0; g < kG; ++g) dot[g] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < SS::kKIters; ++i) {
+          const int c = qk_j + SS::kLPT * i;
+          if (c < SS::kNC) {
+            const Pack<CacheT, SS::kX> kr =
+                *reinterpret_cast<const Pack<CacheT, SS::kX>*>(kb + c * kBS * SS::kX);
+            float kf[SS::kX];
+#pragma unroll
+            for (int e = 0; e < SS::kX; ++e) kf[e] = to_float(kr.v[e]);
+#pragma unroll
+            for (int g = 0; g < kG; ++g) {
+              if (g < ng) {
+#pragma unroll
+                for (int e4 = 0; e4 < SS::kX; e4 += 4) {
+                  const float4 qv = *reinterpret_cast<const float4*>(&q_s[g][c * SS::kX + e4]);
+                  dot[g] += qv.x * kf[e4] + qv.y * kf[e4 + 1] + qv.z * kf[e4 + 2] +
+                            qv.w * kf[e4 + 3];
+                }
+              }
+            }
+          }
+        }
+#pragma unroll
+        for (int g = 0; g < kG; ++g) {
+#pragma unroll
+          for (int o = SS::kTPW; o < kWarp; o <<= 1) dot[g] += APHRODITE_SHFL_XOR(dot[g], o);
+        }
+        if (qk_j == 0 && t < n) {
+          const int j = c0 + t;  // token within the sequence
+#pragma unroll
+          for (int g = 0; g < kG; ++g) {
+            if (g < ng) {
+              const int64_t h = head0 + g;
+              float sc = dot[g];
+              if (slopes != nullptr) sc += slopes[h] * static_cast<float>(j - seq_len + 1);
+              if (xl) {
+                sc += to_float(static_cast<const T*>(
+                    p.matrix_bd)[s * p.bd_seq_stride + h * p.bd_head_stride + j]);
+              }
+              score_s[g][t] = sc;
+            }
+          }
+        }
+      }
+      __syncthreads();
+
+      // (2) softmax step: warp w updates heads w, w + kWarps, ... over this chunk.
+      const int nfill = nb * kBS;  // the PV step reads whole blocks; the tail gets p = 0
+      for (int g = warp; g < ng; g += kWarps) {
+        float m = -INFINITY;
+        for (int t = lane; t < n; t += kWarp) m = fmaxf(m, score_s[g][t]);
+        m = warp_max(m);
+        const float m_old = run_max[g];
+        const float m_new = fmaxf(m_old, m);
+        float sum = 0.0f;
+        for (int t = lane; t < nfill; t += kWarp) {
+          float e = 0.0f;
+          if (t < n && m_new != -INFINITY) {
+            e = __expf(score_s[g][t] - m_new);
+            sum += e;
+          }
+          score_s[g][t] = e;
+        }
+        sum = warp_sum(sum);
+        if (lane == 0) {
+          const float alpha = m_old == -INFINITY ? 0.0f : __expf(m_old - m_new);
+          alpha_s[g] = alpha;
+          run_sum[g] = run_sum[g] * alpha + sum;
+          run_max[g] = m_new;
+        }
+      }
+      __syncthreads();
+
+      // (3) acc = acc * alpha + p . v over the V tiles.
+#pragma unroll
+      for (int g = 0; g < kG; ++g) {
+        const float a = g < ng ? alpha_s[g] : 0.0f;
+#pragma unroll
+        for (int i = 0; i < SS::kDIters; ++i) acc[i][g] *= a;
+      }
+#pragma unroll 1
+      for (int tile = 0; tile < ntile; ++tile) {
+        next_tile();
+        const CacheT* vt = ring + cslot * SS::kTileElems;
+        cslot = cslot + 1 == SS::kStages ? 0 : cslot + 1;
+#pragma unroll 1
+        for (int sg = pv_tg; sg < SS::kSegs; sg += SS::kTG) {
+          const int tt0 = sg * SS::kVE;              // first token of the segment, in the tile
+          const int t0 = tile * SS::kTT + tt0;       // ... in the chunk
+          if (t0 >= n) break;  // segments ascend; blocks past the chunk's were never copied
+          const CacheT* vb = vt + (tt0 / kBS) * SS::kBlkElems + tt0 % kBS;
+          // This thread's value vectors of the segment (one per dimension it owns), in fp32.
+          float vf[SS::kDIters][SS::kVE];
+#pragma unroll
+          for (int i = 0; i < SS::kDIters; ++i) {
+            const int d = pv_dl + SS::kDThreads * i;
+            Pack<CacheT, SS::kVE> vr{};
+            if (d < kHead) vr = *reinterpret_cast<const Pack<CacheT, SS::kVE>*>(vb + d * kBS);
+            if (t0 + SS::kVE > n) {
+              // The sequence's last, partial block: its unused slots may hold anything (NaN),
+              // and p = 0 does not cancel NaN.
+#pragma unroll
+              for (int e = 0; e < SS::kVE; ++e)
+                if (t0 + e >= n) vr.v[e] = CacheT{};
+            }
+#pragma unroll
+            for (int e = 0; e < SS::kVE; ++e) vf[i][e] = to_float(vr.v[e]);
+          }
+#pragma unroll
+          for (int g = 0; g < kG; ++g) {
+            if (g < ng) {
+#pragma unroll
+              for (int e4 = 0; e4 < SS::kVE; e4 += 4) {
+                const float4 pv = *reinterpret_cast<const float4*>(&score_s[g][t0 + e4]);
+#pragma unroll
+                for (int i = 0; i < SS::kDIters; ++i) {
+                  acc[i][g] += pv.x * vf[i][e4] + pv.y * vf[i][e4 + 1] + pv.z * vf[i][e4 + 2] +
+                               pv.w * vf[i][e4 + 3];
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+    stage_wait<0>();  // only empty groups remain; nothing may be in flight into the next sequence
+
+    // Combine the token groups through red_s.
+    for (int k = 0; k < SS::kTG; ++k) {
+      if (pv_tg == k) {
+#pragma unroll
+        for (int i = 0; i < SS::kDIters; ++i) {
+          const int d = pv_dl + SS::kDThreads * i;
+          if (d < kHead) {
+#pragma unroll
+            for (int g = 0; g < kG; ++g) red_s[g][d] = k == 0 ? acc[i][g] : red_s[g][d] + acc[i][g];
+          }
+        }
+      }
+      __syncthreads();
+    }
+
+    // Write: out (v1, or a sequence of one partition) or the partition's scratch.
+    for (int i = tid; i < ng * kHead; i += kThreads) {
+      const int g = i / kHead, d = i % kHead;
+      const int64_t h = head0 + g;
+      const float total = run_sum[g];
+      const float v = total > 0.0f ? red_s[g][d] * v_scale / total : 0.0f;
+      if (direct) {
+        static_cast<T*>(p.out)[(s * p.num_heads + h) * kHead + d] = from_float<T>(v);
+      } else {
+        const int64_t row = (s * p.num_heads + h) * l.max_num_partitions + blockIdx.y;
+        l.tmp_out[row * kHead + d] = v;
+        if (d == 0) {
+          l.max_logits[row] = run_max[g];
+          l.exp_sums[row] = total;
+        }
+      }
+    }
+    __syncthreads();  // q_s, run_*, red_s and the ring are reused by the next sequence
+  }
+}
+
 }  // namespace detail
 
 /// @brief Launches the attention kernel of one (T, CacheT, head size, block size) for `p`
@@ -553,18 +973,36 @@ gpuError_t paged_attention_run(const PagedAttentionProblem& p,
   }
   const unsigned grid_z =
       static_cast<unsigned>(p.num_seqs < detail::kMaxGridZ ? p.num_seqs : detail::kMaxGridZ);
-  auto launch = [&](auto kernel, int kG) {
+  auto launch = [&](auto kernel, int kG, int smem) {
     l.num_splits = static_cast<int>((group + kG - 1) / kG);
     const dim3 grid(static_cast<unsigned>(p.num_kv_heads * l.num_splits),
                     static_cast<unsigned>(partitions), grid_z);
-    kernel<<<grid, detail::kThreads, 0, stream>>>(p, l);
+#if APHRODITE_PAGED_ATTENTION_STAGED
+    // Dynamic shared memory past 48 KiB must be allowed per kernel (on the current device).
+    const gpuError_t e =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (e != gpuSuccess) return e;
+#endif
+    kernel<<<grid, detail::kThreads, smem, stream>>>(p, l);
     return gpuGetLastError();
   };
+#if APHRODITE_PAGED_ATTENTION_STAGED
+  // paged_attention.kernel=staged: K and V staged through a shared-memory ring (see above).
+  const int ring = detail::StagedShape<T, CacheT, kHead, kBS, 1>::kRingBytes;
+  if (group <= 1) {
+    return launch(detail::paged_attention_staged_kernel<T, CacheT, kHead, kBS, 1>, 1, ring);
+  }
+  if (group <= 4) {
+    return launch(detail::paged_attention_staged_kernel<T, CacheT, kHead, kBS, 4>, 4, ring);
+  }
+  return launch(detail::paged_attention_staged_kernel<T, CacheT, kHead, kBS, 8>, 8, ring);
+#else
   // Group sizes 2 and 3 take the kG = 4 kernel (idle heads cost compute, not bandwidth): one
   // instantiation fewer per file keeps the build's compile time down.
-  if (group <= 1) return launch(detail::paged_attention_kernel<T, CacheT, kHead, kBS, 1>, 1);
-  if (group <= 4) return launch(detail::paged_attention_kernel<T, CacheT, kHead, kBS, 4>, 4);
-  return launch(detail::paged_attention_kernel<T, CacheT, kHead, kBS, 8>, 8);
+  if (group <= 1) return launch(detail::paged_attention_kernel<T, CacheT, kHead, kBS, 1>, 1, 0);
+  if (group <= 4) return launch(detail::paged_attention_kernel<T, CacheT, kHead, kBS, 4>, 4, 0);
+  return launch(detail::paged_attention_kernel<T, CacheT, kHead, kBS, 8>, 8, 0);
+#endif
 }
 
 /// @brief Launches v2's reduce for query element T.

@@ -66,9 +66,50 @@ def test_rocm_leaves_out_fp8_and_bad_options_fail(tmp_path):
     r = run_gen(tmp_path, "backend=rocm", "head_sizes=64", "dtypes=f16", describe=False)
     assert r.returncode == 0, r.stderr
     assert "uint8_t" not in (tmp_path / "o" / "paged_attention_f16_h64.cu").read_text()
-    for bad in ("head_sizes=72", "fp8=maybe", "block_sizes=", "backend=metal"):
+    for bad in (
+        "head_sizes=72",
+        "fp8=maybe",
+        "block_sizes=",
+        "backend=metal",
+        "min_blocks=0",
+        "min_blocks=9",
+        "min_blocks=x",
+        "kernel=fast",
+    ):
         r = run_gen(tmp_path, bad)
         assert r.returncode != 0 and ("expected" in r.stderr), (bad, r.stderr)
+
+
+def test_min_blocks_sets_the_launch_bounds_minimum(tmp_path):
+    define = "#define APHRODITE_PAGED_ATTENTION_MIN_BLOCKS"
+    r = run_gen(tmp_path, "head_sizes=128", "dtypes=bf16", describe=False)
+    assert r.returncode == 0, r.stderr
+    inst = (tmp_path / "o" / "paged_attention_bf16_h128.cu").read_text()
+    assert define not in inst  # the default: the header's 1, no register cap
+    r = run_gen(tmp_path, "head_sizes=128", "dtypes=bf16", "min_blocks=3", describe=False)
+    assert r.returncode == 0, r.stderr
+    inst = (tmp_path / "o" / "paged_attention_bf16_h128.cu").read_text()
+    assert f"{define} 3\n" in inst
+    assert define + " 3\n" in (tmp_path / "o" / "paged_attention_dispatch.cu").read_text()
+    assert inst.index(define) < inst.index('#include "attention/paged_attention_kernels.cuh"')
+
+
+def test_kernel_option_picks_the_attention_kernel(tmp_path):
+    define = "#define APHRODITE_PAGED_ATTENTION_STAGED 1"
+
+    def files(*options):
+        r = run_gen(tmp_path, "head_sizes=128", "dtypes=bf16", *options, describe=False)
+        assert r.returncode == 0, r.stderr
+        out = tmp_path / "o"
+        return [
+            (out / f).read_text()
+            for f in ("paged_attention_bf16_h128.cu", "paged_attention_dispatch.cu")
+        ]
+
+    assert all(define in f for f in files())  # staged by default
+    assert all(define in f for f in files("kernel=staged"))
+    assert not any(define in f for f in files("kernel=regs"))
+    assert not any(define in f for f in files("kernel=staged", "backend=rocm"))
 
 
 # ---- the kernel's compile-time shape, as Shape<> computes it ---------------------------------
@@ -163,6 +204,125 @@ def test_every_piece_and_block_is_read_exactly_once(cb, head, bs, kg):
     # Loads in flight per lane stay within 64 registers (16-byte keys; values kVE elements).
     assert s["kKBlk"] * s["kKBatch"] <= 8
     assert s["kVBlk"] * s["kVIters"] * s["kVE"] * cb <= 64 * 4
+
+
+# ---- the staged kernel (paged_attention.kernel=staged), as StagedShape<> computes it -------
+MAX_STAGES, TILE_BYTES, MAX_RING = 4, 16384, 65536
+
+
+def pow2_floor(v):
+    return 2 * pow2_floor(v // 2) if v >= 2 else 1
+
+
+def staged_shape(cache_bytes, head, bs):
+    s = {"kX": 16 // cache_bytes}
+    s["kNC"] = head // s["kX"]
+    s["kTT"] = min(128, max(bs, pow2_floor(TILE_BYTES // (head * cache_bytes))))
+    s["kTB"] = s["kTT"] // bs
+    s["kBlkElems"] = head * bs
+    s["kBlk16"] = head * bs * cache_bytes // 16
+    tile = s["kTT"] * head * cache_bytes
+    s["kStages"] = min(MAX_STAGES, max(2, MAX_RING // tile))
+    s["kRingBytes"] = s["kStages"] * tile
+    s["kLPT"] = THREADS // s["kTT"]
+    s["kTPW"] = WARP // s["kLPT"]
+    s["kKIters"] = cdiv(s["kNC"], s["kLPT"])
+    s["kTG"] = max(1, THREADS // head)
+    s["kDThreads"] = THREADS // s["kTG"]
+    s["kDIters"] = cdiv(head, s["kDThreads"])
+    s["kVE"] = min(s["kX"], bs)
+    s["kSegs"] = s["kTT"] // s["kVE"]
+    return s
+
+
+def staged_tiles(begin, end, bs, tb):
+    """The producer's tile order for tokens [begin, end): (chunk start, kind, first block,
+    blocks), advanced as the kernel's issue() does."""
+    tiles, pc0, kind, tile = [], begin, 0, 0
+    while pc0 < end:
+        nb = cdiv(min(CHUNK, end - pc0), bs)
+        b0 = tile * tb
+        tiles.append((pc0, kind, b0, min(tb, nb - b0)))
+        tile += 1
+        if tile * tb >= nb:
+            tile = 0
+            if kind == 0:
+                kind = 1
+            else:
+                kind, pc0 = 0, pc0 + CHUNK
+    return tiles
+
+
+@pytest.mark.parametrize("cb,head,bs", sorted({(cb, h, bs) for cb, h, bs, _ in SHAPES}))
+def test_staged_tiles_cover_every_token_piece_and_dimension_once(cb, head, bs):
+    s = staged_shape(cb, head, bs)
+    assert CHUNK % s["kTT"] == 0 and s["kTT"] % bs == 0 and 1 <= s["kLPT"] <= WARP
+    assert bs % s["kVE"] == 0 and s["kVE"] % 4 == 0 and s["kX"] % 4 == 0
+    # Shared memory: the ring plus the largest static buffers (kG = 8) fit the 99 KiB that
+    # every sm_80+ GPU allows a block; at least two tiles, so that copies overlap compute.
+    static = 8 * (2 * head + CHUNK) * 4 + 3 * 8 * 4
+    assert s["kRingBytes"] <= MAX_RING and s["kRingBytes"] + static <= 99 * 1024
+    assert s["kStages"] >= 2
+    # Copies: 16-byte pieces of whole cache blocks, tiles 16-byte aligned in the ring.
+    assert (s["kBlkElems"] * cb) % 16 == 0 and (s["kTT"] * head * cb) % 16 == 0
+    # QK: thread (warp, lane) takes token warp * kTPW + lane % kTPW and pieces
+    # c = lane // kTPW + kLPT * i; the lanes of a token differ in the bits the xor-shuffles
+    # (offsets kTPW, 2 kTPW, ... < 32) reach, so the sum of a token is complete.
+    seen = []
+    lanes_of = {}
+    for tid in range(THREADS):
+        warp, lane = divmod(tid, WARP)
+        tok = warp * s["kTPW"] + lane % s["kTPW"]
+        j = lane // s["kTPW"]
+        lanes_of.setdefault(tok, []).append((warp, lane))
+        blk, slot = divmod(tok, bs)
+        for i in range(s["kKIters"]):
+            c = j + s["kLPT"] * i
+            if c < s["kNC"]:
+                seen.append(blk * s["kBlkElems"] + (c * bs + slot) * s["kX"])
+    assert sorted(seen) == list(range(0, s["kTT"] * head, s["kX"]))
+    offsets = []
+    o = s["kTPW"]
+    while o < WARP:
+        offsets.append(o)
+        o <<= 1
+    for tok, lanes in lanes_of.items():
+        assert len({w for w, _ in lanes}) == 1, tok  # one warp
+        reach = {lanes[0][1]}
+        for o in offsets:
+            reach |= {r ^ o for r in reach}
+        assert reach == {ln for _, ln in lanes}, tok
+    # PV: thread (tg, dl) takes dimensions dl + kDThreads * i and segments sg % kTG == tg:
+    # (token, dimension) pairs of a tile once each, at element d * bs + slot of the block.
+    seen = []
+    for tid in range(THREADS):
+        tg, dl = divmod(tid, s["kDThreads"])
+        for sg in range(tg, s["kSegs"], s["kTG"]):
+            tt0 = sg * s["kVE"]
+            blk, slot0 = divmod(tt0, bs)
+            for i in range(s["kDIters"]):
+                d = dl + s["kDThreads"] * i
+                if d < head:
+                    for e in range(s["kVE"]):
+                        seen.append(blk * s["kBlkElems"] + d * bs + slot0 + e)
+    assert sorted(seen) == list(range(s["kTT"] * head))
+    # The tile sequence: per chunk its K tiles then its V tiles, whole blocks [0, nb) once
+    # each, never a block past the range's last token; the consumer walks the same order.
+    for begin, end in [(0, 1), (0, bs), (0, 257), (512, 1000), (0, 3 * CHUNK + 5), (256, 512)]:
+        tiles = staged_tiles(begin, end, bs, s["kTB"])
+        expect = []
+        for c0 in range(begin, end, CHUNK):
+            nb = cdiv(min(CHUNK, end - c0), bs)
+            ntile = cdiv(nb, s["kTB"])
+            for kind in (0, 1):
+                for t in range(ntile):
+                    expect.append((c0, kind, t * s["kTB"], min(s["kTB"], nb - t * s["kTB"])))
+                blocks = [
+                    b0 + k for c, kd, b0, n in expect if c == c0 and kd == kind for k in range(n)
+                ]
+                assert blocks == list(range(nb))
+                assert (c0 // bs + nb - 1) * bs < end
+        assert tiles == expect
 
 
 # ---- an emulation of the kernels on flat caches ----------------------------------------------
