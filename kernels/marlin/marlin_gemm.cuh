@@ -2,8 +2,8 @@
 // launch_gemm_instance<> for one (activation dtype, weight type, group mode, block shape).
 //
 // Structure (one thread block = m_warps x n_warps warps; warp tile = 16*MT rows x 64 columns):
-//  - a 4-stage cp.async pipeline (3 stages for the 128-row block, to fit 99 KiB of shared
-//    memory) brings, per 64-deep k slice, the activations (row-major, 16-byte chunks
+//  - a 4-stage cp.async pipeline (6 stages for the 16-row decode block, 3 for the 128-row
+//    block, to fit 99 KiB of shared memory) brings, per 64-deep k slice, the activations (row-major, 16-byte chunks
 //    XOR-swizzled by row so ldmatrix is conflict-free), the packed weight tiles (already in
 //    fragment order, see marlin.h) and, for grouped scales, the <= 2 scale/zero rows the slice
 //    touches;
@@ -25,6 +25,8 @@
 namespace aphrodite::marlin::detail {
 
 constexpr int kMaxStages = 4;
+constexpr int kDecodeStages = 6;
+constexpr int kMaxSplits = 64;               ///< k slices a plan may split a tile into
 /// Dynamic shared memory a block may opt into on every target arch (sm_86, sm_89 and sm_120
 /// stop at 99 KiB; sm_80 and sm_90 allow more).
 constexpr int kSmemBudget = 96 * 1024;
@@ -134,8 +136,14 @@ struct Config {
   static constexpr bool kZeros = kWeight == WeightType::kUint4;
   static constexpr int kZBytes = (kGrouped && kZeros) ? 2 * kBlockN / 2 : 0;  // 2 zero rows
   static constexpr int kStageBytes = kABytes + kBBytes + kSBytes + kZBytes;
-  /// 4 stages where they fit in kSmemBudget, else 3 (the 128-row block).
-  static constexpr int kStages = kMaxStages * kStageBytes <= kSmemBudget ? kMaxStages : 3;
+  /// Decode blocks (16 rows) stream weights with little compute per byte: their run time is
+  /// the weight bytes in flight per SM divided into the memory latency, so they get a deeper
+  /// pipeline (6 stages, ~69 KiB: still 3 blocks per SM); taller blocks get 4 stages where
+  /// they fit in kSmemBudget, else 3 (the 128-row block).
+  static constexpr int kStages = kBlockM <= 16 && kDecodeStages * kStageBytes <= kSmemBudget
+                                     ? kDecodeStages
+                                 : kMaxStages * kStageBytes <= kSmemBudget ? kMaxStages
+                                                                           : 3;
   static constexpr int kSmemBytes = kStages * kStageBytes;
   static_assert(kSmemBytes <= kSmemBudget, "a block shape's pipeline must fit every target arch");
   static_assert(kABytes % 16 == 0 && kBBytes % 16 == 0 && kSBytes % 16 == 0 &&
@@ -385,24 +393,40 @@ __global__ void __launch_bounds__(32 * kMWarps * kNWarps)
   if (tid == 0) p.counters[tile] = 0;  // every split has arrived: ready for the next launch
 }
 
+/// Sets the kernel's shared-memory opt-in on the current device once (a per-device attribute;
+/// a repeat from a racing thread is harmless) and returns its resident blocks per SM there
+/// (queried once per device; the split heuristic needs it on every call).
+template <typename T, WeightType kWeight, bool kGrouped, int kMTiles, int kMWarps, int kNWarps>
+gpuError_t configure_instance(int* blocks_per_sm) {
+  using C = Config<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps>;
+  auto kernel = gemm_kernel<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps>;
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> occupancy[kMaxDevices];  // 0: not configured yet
+  int device = 0;
+  gpuError_t err = cudaGetDevice(&device);
+  if (err != gpuSuccess) return err;
+  int blocks = device < kMaxDevices ? occupancy[device].load(std::memory_order_relaxed) : 0;
+  if (blocks == 0) {
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               C::kSmemBytes);
+    if (err != gpuSuccess) return err;
+    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, C::kThreads,
+                                                        C::kSmemBytes);
+    if (err != gpuSuccess) return err;
+    if (blocks < 1) blocks = 1;
+    if (device < kMaxDevices) occupancy[device].store(blocks, std::memory_order_relaxed);
+  }
+  if (blocks_per_sm != nullptr) *blocks_per_sm = blocks;
+  return gpuSuccess;
+}
+
 /// @brief Launches one instantiation with `splits` k slices (grid: n blocks x m blocks x splits).
 template <typename T, WeightType kWeight, bool kGrouped, int kMTiles, int kMWarps, int kNWarps>
 gpuError_t launch_gemm_instance(const GemmProblem& p, int splits, gpuStream_t stream) {
   using C = Config<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps>;
   auto kernel = gemm_kernel<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps>;
-  // The shared-memory opt-in is a per-device attribute of the kernel: set it once per device
-  // (a repeat from a racing thread is harmless), not on every decode step.
-  constexpr int kMaxDevices = 64;
-  static std::atomic<bool> configured[kMaxDevices];
-  int device = 0;
-  gpuError_t err = cudaGetDevice(&device);
+  gpuError_t err = configure_instance<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps>(nullptr);
   if (err != gpuSuccess) return err;
-  if (device >= kMaxDevices || !configured[device].load(std::memory_order_relaxed)) {
-    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               C::kSmemBytes);
-    if (err != gpuSuccess) return err;
-    if (device < kMaxDevices) configured[device].store(true, std::memory_order_relaxed);
-  }
   const dim3 grid(static_cast<unsigned>((p.n + C::kBlockN - 1) / C::kBlockN),
                   static_cast<unsigned>((p.m + C::kBlockM - 1) / C::kBlockM),
                   static_cast<unsigned>(splits));
