@@ -98,7 +98,7 @@ __device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4],
 template <>
 __device__ __forceinline__ void mma_16816<__half>(float (&c)[4], const uint32_t (&a)[4],
                                                   uint32_t b0, uint32_t b1) {
-  asm volatile(
+  asm(
       "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
       "{%8, %9}, {%0, %1, %2, %3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
@@ -108,7 +108,7 @@ __device__ __forceinline__ void mma_16816<__half>(float (&c)[4], const uint32_t 
 template <>
 __device__ __forceinline__ void mma_16816<__nv_bfloat16>(float (&c)[4], const uint32_t (&a)[4],
                                                          uint32_t b0, uint32_t b1) {
-  asm volatile(
+  asm(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
       "{%8, %9}, {%0, %1, %2, %3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
@@ -282,6 +282,20 @@ __global__ void __launch_bounds__(32 * kMWarps * kNWarps)
     // division per slice instead of two 64-bit ones per step.
     const int offset_in_group = kGrouped ? static_cast<int>((stage * kKSteps) % group_tiles) : 0;
     int current_row = -1;
+    // Register double buffer of the A fragments and the packed weight vector per k step.
+    uint32_t af[2][kMTiles][4];
+    int4 bq[2];
+    auto fetch = [&](int kk, uint32_t (&a_frag)[kMTiles][4], int4& b_vec) {
+#pragma unroll
+      for (int mi = 0; mi < kMTiles; ++mi) {
+        const int mat = lane / 8;
+        const int row = (warp_m * kMTiles + mi) * 16 + (lane % 8) + 8 * (mat & 1);
+        const int chunk = kk * 2 + (mat >> 1);
+        ldmatrix_x4(a_frag[mi], sa + row * kBlockK + ((chunk ^ (row & 7)) * 8));
+      }
+      b_vec = sb[(kk * kNWarps + warp_n) * 32 + lane];
+    };
+    fetch(0, af[0], bq[0]);
 #pragma unroll
     for (int kk = 0; kk < kKSteps; ++kk) {
       if constexpr (kGrouped) {
@@ -294,15 +308,10 @@ __global__ void __launch_bounds__(32 * kMWarps * kNWarps)
           set_group(ss + r * C::kBlockN, C::kZeros ? sz + r * (C::kBlockN / 8) : nullptr);
         }
       }
-      uint32_t af[kMTiles][4];
-#pragma unroll
-      for (int mi = 0; mi < kMTiles; ++mi) {
-        const int mat = lane / 8;
-        const int row = (warp_m * kMTiles + mi) * 16 + (lane % 8) + 8 * (mat & 1);
-        const int chunk = kk * 2 + (mat >> 1);
-        ldmatrix_x4(af[mi], sa + row * kBlockK + ((chunk ^ (row & 7)) * 8));
-      }
-      const int4 packed = sb[(kk * kNWarps + warp_n) * 32 + lane];
+      // This step's fragments were fetched during the previous step; fetch the next step's now,
+      // so their shared-memory latency hides behind this step's dequantization and MMAs.
+      if (kk + 1 < kKSteps) fetch(kk + 1, af[(kk + 1) % 2], bq[(kk + 1) % 2]);
+      const int4 packed = bq[kk % 2];
       const uint32_t words[4] = {static_cast<uint32_t>(packed.x), static_cast<uint32_t>(packed.y),
                                  static_cast<uint32_t>(packed.z), static_cast<uint32_t>(packed.w)};
 #pragma unroll
@@ -318,8 +327,8 @@ __global__ void __launch_bounds__(32 * kMWarps * kNWarps)
         }
 #pragma unroll
         for (int mi = 0; mi < kMTiles; ++mi) {
-          mma_16816<T>(acc[mi][2 * w], af[mi], b[0], b[2]);
-          mma_16816<T>(acc[mi][2 * w + 1], af[mi], b[1], b[3]);
+          mma_16816<T>(acc[mi][2 * w], af[kk % 2][mi], b[0], b[2]);
+          mma_16816<T>(acc[mi][2 * w + 1], af[kk % 2][mi], b[1], b[3]);
         }
       }
     }
