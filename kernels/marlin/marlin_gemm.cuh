@@ -68,6 +68,25 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool vali
                : "memory");
 }
 
+/// An L2 policy that evicts first: for the weights where a launch reads them once (a single row
+/// block), so that they do not push the activations and the split-K partials (read again soon)
+/// out of L2.
+__device__ __forceinline__ uint64_t evict_first_policy() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
+}
+
+/// cp_async16 with an L2 cache policy (evict_first_policy).
+__device__ __forceinline__ void cp_async16_hint(void* dst, const void* src, bool valid,
+                                                uint64_t policy) {
+  const int src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(
+                   smem_addr(dst)),
+               "l"(src), "r"(src_bytes), "l"(policy)
+               : "memory");
+}
+
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
@@ -180,6 +199,7 @@ __global__ void __launch_bounds__(32 * kMWarps * kNWarps)
   const T* scales = static_cast<const T*>(p.scales);
 
   auto stage_ptr = [&](int slot) { return smem + slot * C::kStageBytes; };
+  const uint64_t weight_policy = C::kBlockM <= 32 ? evict_first_policy() : 0;
 
   // Issues the copies of k slice `stage` into pipeline slot `slot`.
   auto load_stage = [&](int64_t stage, int slot) {
@@ -208,7 +228,13 @@ __global__ void __launch_bounds__(32 * kMWarps * kNWarps)
           valid ? p.b + kt * 2 * p.n + blockIdx.x * static_cast<int64_t>(kNWarps) * kTileWords +
                       rem * 4
                 : p.b;
-      cp_async16(sb + c * 16, src, valid);
+      // One row block of a decode-sized block (the taller ones have no registers to spare for
+      // the policy): nothing reads this weight tile again.
+      if (C::kBlockM <= 32 && gridDim.y == 1) {
+        cp_async16_hint(sb + c * 16, src, valid, weight_policy);
+      } else {
+        cp_async16(sb + c * 16, src, valid);
+      }
     }
     if constexpr (kGrouped) {
       const int64_t r0 = k_base / p.group_size;
