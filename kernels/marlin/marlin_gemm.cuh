@@ -3,12 +3,12 @@
 //
 // Structure (one thread block = m_warps x n_warps warps; warp tile = 16*MT rows x 64 columns):
 //  - a 4-stage cp.async pipeline (6 stages for the 16-row decode block, 3 for the 128-row
-//    block, to fit 99 KiB of shared memory) brings, per 64-deep k slice, the activations (row-major, 16-byte chunks
-//    XOR-swizzled by row so ldmatrix is conflict-free), the packed weight tiles (already in
-//    fragment order, see marlin.h) and, for grouped scales, the <= 2 scale/zero rows the slice
-//    touches;
-//  - per 16-deep k step a warp loads A fragments with ldmatrix.x4, one 16-byte weight vector per
-//    lane, dequantizes it in registers ((code | magic) - (magic + zero)) * scale, and issues
+//    block, to fit 99 KiB of shared memory) brings, per 64-deep k slice, the activations
+//    (row-major, 16-byte chunks XOR-swizzled by row so ldmatrix is conflict-free), the packed
+//    weight tiles (already in fragment order, see marlin.h; evict-first in L2 where read once)
+//    and, for grouped scales, the <= 2 scale/zero rows the slice touches;
+//  - per 16-deep k step a warp loads A fragments with ldmatrix.x4 and one 16-byte weight vector
+//    per lane (one step ahead, in a register double buffer), dequantizes it in registers ((code | magic) - (magic + zero)) * scale, and issues
 //    MT x 8 mma.sync.m16n8k16 with fp32 accumulators;
 //  - split-K: blockIdx.z takes a contiguous range of k slices; every split writes fp32 partials,
 //    and the last split to arrive at a tile (a counter in the workspace) sums them in split order
