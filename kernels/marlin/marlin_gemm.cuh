@@ -8,8 +8,9 @@
 //    weight tiles (already in fragment order, see marlin.h; evict-first in L2 where read once)
 //    and, for grouped scales, the <= 2 scale/zero rows the slice touches;
 //  - per 16-deep k step a warp loads A fragments with ldmatrix.x4 and one 16-byte weight vector
-//    per lane (one step ahead, in a register double buffer), dequantizes it in registers ((code | magic) - (magic + zero)) * scale, and issues
-//    MT x 8 mma.sync.m16n8k16 with fp32 accumulators;
+//    per lane (one step ahead, in a register double buffer), dequantizes it in registers
+//    ((code | magic) - (magic + zero)) * scale, and issues MT x 8 mma.sync.m16n8k16 with fp32
+//    accumulators;
 //  - split-K: blockIdx.z takes a contiguous range of k slices; every split writes fp32 partials,
 //    and the last split to arrive at a tile (a counter in the workspace) sums them in split order
 //    (deterministic), adds the bias, writes the output and resets the counter to zero.
