@@ -4,11 +4,20 @@ Checks our output against the fp32 reference once per shape before timing. Write
 results/marlin_<device>.md/.json through the harness.
 
     python benchmarks/bench_marlin.py [--quick] [--out DIR]
+    python benchmarks/bench_marlin.py --sweep [--quick]
+
+--quick: M in {1, 16, 64, 128} and the two K = 8192 shapes only.
+--sweep: for M in {1, 16, 64, 128} and (K, N) in {(8192, 8192), (8192, 28672)} (add --quick for
+M in {1, 16} only), times every (thread-block shape, split) the dispatch could pick, forcing each
+through APHRODITE_MARLIN_CONFIG (a tuning override read by the op), checks each against the fp32
+reference, and prints one line per case: the dispatch's own pick, the best configuration, and
+all of them. Sweep times are the mean of back-to-back calls (no host gap between calls).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -97,15 +106,100 @@ def bench_shape(k: int, n: int, ms_list: list[int], ws: torch.Tensor, copy_gbs: 
     return rows
 
 
+SWEEP_MS = [1, 16, 64, 128]
+SWEEP_SHAPES = [(8192, 8192), (8192, 28672)]
+BLOCK_SHAPES = {16: "m16n256", 32: "m32n256", 64: "m64n256", 128: "m128n256"}  # SHAPES
+SPLITS = [None, 1, 2, 3, 4, 6, 8, 12, 16, 24]
+CONFIG_ENV = "APHRODITE_MARLIN_CONFIG"
+
+
+def loop_ms(fn, reps: int = 50) -> float:
+    """Mean ms of `reps` back-to-back calls (the GPU never waits for the host between them)."""
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / reps
+
+
+def sweep_shape(k: int, n: int, ms_list: list[int], ws: torch.Tensor) -> None:
+    """One table line per M for one (K, N)."""
+    w = torch.randn(k, n, device="cuda") * 0.05
+    q = marlin.quantize_weights(w, "uint4b8", GROUP, scale_dtype=torch.float16)
+    packed = marlin.gptq_marlin_repack(marlin.pack_gptq(q["codes"]), None, k, n)
+    scales = q["scales"]
+    w_fp16 = q["w_ref"].to(torch.float16).t().contiguous()
+    for m in ms_list:
+        a = torch.randn(m, k, dtype=torch.float16, device="cuda")
+        ref = marlin.gemm_ref(a, q["w_ref"])
+
+        def ours(a=a):
+            return marlin.gptq_marlin_gemm(a, packed, scales, ws, "uint4b8")
+
+        t_fp16 = loop_ms(lambda a=a: F.linear(a, w_fp16))
+        t_default = loop_ms(ours)
+        results = {}
+        # Block heights from half the smallest that covers M (at least 16) up to twice it.
+        rows = [r for r in BLOCK_SHAPES if max(16, m) // 2 <= r <= 2 * max(16, m)]
+        for r in rows:
+            for splits in SPLITS:
+                cfg = BLOCK_SHAPES[r] + ("" if splits is None else f":{splits}")
+                os.environ[CONFIG_ENV] = cfg
+                try:
+                    out = ours()
+                    err = ((out.float() - ref).norm() / ref.norm()).item()
+                    if not err < 1e-2:
+                        raise SystemExit(f"{cfg} K={k} N={n} M={m}: relative error {err:.3g}")
+                    results[cfg] = loop_ms(ours)
+                except RuntimeError as e:
+                    if "does not hold" in str(e):
+                        break  # this block shape is not in the build
+                    raise
+                finally:
+                    os.environ.pop(CONFIG_ENV, None)
+        best = min(results, key=results.get)
+        listing = " ".join(f"{c}={t:.4f}" for c, t in sorted(results.items(), key=lambda x: x[1]))
+        print(
+            f"| {m} | {k} | {n} | {t_fp16:.4f} | {t_default:.4f} | {best} | "
+            f"{results[best]:.4f} | {t_fp16 / results[best]:.2f} | {listing} |",
+            flush=True,
+        )
+
+
+def sweep(ms_list: list[int], ws: torch.Tensor) -> None:
+    os.environ.pop(CONFIG_ENV, None)
+    print("| M | K | N | fp16 ms | default ms | best config | best ms | x vs fp16 | all (ms) |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for k, n in SWEEP_SHAPES:
+        sweep_shape(k, n, ms_list, ws)
+        torch.cuda.empty_cache()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="first shape and M in {1, 16} only")
+    parser.add_argument(
+        "--quick", action="store_true", help="M in {1, 16, 64, 128}, the K = 8192 shapes only"
+    )
+    parser.add_argument(
+        "--sweep", action="store_true", help="time every (block shape, split) per case"
+    )
     parser.add_argument("--out", type=Path, default=None, help="also write the results here")
     args = parser.parse_args()
     aphrodite_ext.load("_C")
-    ms_list, shapes = (MS[:2], SHAPES[:1]) if args.quick else (MS, SHAPES)
-    copy_gbs = copy_bandwidth_gbs()
     ws = marlin.make_workspace("cuda")
+    if args.sweep:
+        sweep(SWEEP_MS[:2] if args.quick else SWEEP_MS, ws)
+        return
+    if args.quick:
+        ms_list, shapes = SWEEP_MS, [s for s in SHAPES if s[0] == 8192]
+    else:
+        ms_list, shapes = MS, SHAPES
+    copy_gbs = copy_bandwidth_gbs()
     rows = []
     for k, n in shapes:
         rows += bench_shape(k, n, ms_list, ws, copy_gbs)

@@ -13,6 +13,11 @@ weight is our layout (repack with the ops here, not vLLM's), b_scales are plain 
 [K / group, N] (no marlin_permute_scales), and AWQ zero points are plain-order 4-bit codes
 [K / group, N / 8] (awq_zeros_to_marlin converts AWQ's qzeros). The workspace holds split-K tile
 counters (zeros, left zeroed); vLLM's one-counter-per-SM workspace works and splits less.
+
+For tuning only: the environment variable APHRODITE_MARLIN_CONFIG="m<rows>n<cols>[:<splits>]"
+(e.g. "m16n256:4"), read on every call, forces the GEMM's thread-block shape and split-K factor
+instead of the dispatch's choice (benchmarks/bench_marlin.py --sweep times them all). Every
+configuration computes the same result up to fp32 summation order.
 """
 
 from __future__ import annotations

@@ -151,6 +151,10 @@ gpuError_t launch_repack(const RepackProblem& p, gpuStream_t stream);
 bool has_gemm(ScalarType dtype, WeightType weight_type, bool grouped);
 /// @brief Picks the thread-block shape and the split for `p` (p.partials may be null).
 GemmPlan plan_gemm(const GemmProblem& p);
+/// @brief For tuning and benchmarks: the plan with thread-block shape `shape` and `splits`
+/// k slices (<= 0: the heuristic's split for that shape; clamped to what the problem allows).
+/// Its shape is {0, 0} when this build lacks `shape` for p's combination.
+GemmPlan plan_gemm_with(const GemmProblem& p, BlockShape shape, int splits);
 /// @brief Launches the GEMM per `plan` on `stream`; p.partials must hold
 /// plan.partial_floats floats. Returns the launch's error code.
 gpuError_t launch_gemm(const GemmProblem& p, const GemmPlan& plan, gpuStream_t stream);

@@ -2,14 +2,15 @@
 // launch_gemm_instance<> for one (activation dtype, weight type, group mode, block shape).
 //
 // Structure (one thread block = m_warps x n_warps warps; warp tile = 16*MT rows x 64 columns):
-//  - a 4-stage cp.async pipeline (3 stages for the 128-row block, to fit 99 KiB of shared
-//    memory) brings, per 64-deep k slice, the activations (row-major, 16-byte chunks
-//    XOR-swizzled by row so ldmatrix is conflict-free), the packed weight tiles (already in
-//    fragment order, see marlin.h) and, for grouped scales, the <= 2 scale/zero rows the slice
-//    touches;
-//  - per 16-deep k step a warp loads A fragments with ldmatrix.x4, one 16-byte weight vector per
-//    lane, dequantizes it in registers ((code | magic) - (magic + zero)) * scale, and issues
-//    MT x 8 mma.sync.m16n8k16 with fp32 accumulators;
+//  - a 4-stage cp.async pipeline (6 stages for the 16-row decode block, 3 for the 128-row
+//    block, to fit 99 KiB of shared memory) brings, per 64-deep k slice, the activations
+//    (row-major, 16-byte chunks XOR-swizzled by row so ldmatrix is conflict-free), the packed
+//    weight tiles (already in fragment order, see marlin.h; evict-first in L2 where read once)
+//    and, for grouped scales, the <= 2 scale/zero rows the slice touches;
+//  - per 16-deep k step a warp loads A fragments with ldmatrix.x4 and one 16-byte weight vector
+//    per lane (one step ahead, in a register double buffer), dequantizes it in registers
+//    ((code | magic) - (magic + zero)) * scale, and issues MT x 8 mma.sync.m16n8k16 with fp32
+//    accumulators;
 //  - split-K: blockIdx.z takes a contiguous range of k slices; every split writes fp32 partials,
 //    and the last split to arrive at a tile (a counter in the workspace) sums them in split order
 //    (deterministic), adds the bias, writes the output and resets the counter to zero.
@@ -25,6 +26,8 @@
 namespace aphrodite::marlin::detail {
 
 constexpr int kMaxStages = 4;
+constexpr int kDecodeStages = 6;
+constexpr int kMaxSplits = 64;               ///< k slices a plan may split a tile into
 /// Dynamic shared memory a block may opt into on every target arch (sm_86, sm_89 and sm_120
 /// stop at 99 KiB; sm_80 and sm_90 allow more).
 constexpr int kSmemBudget = 96 * 1024;
@@ -66,6 +69,25 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool vali
                : "memory");
 }
 
+/// An L2 policy that evicts first: for the weights where a launch reads them once (a single row
+/// block), so that they do not push the activations and the split-K partials (read again soon)
+/// out of L2.
+__device__ __forceinline__ uint64_t evict_first_policy() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
+}
+
+/// cp_async16 with an L2 cache policy (evict_first_policy).
+__device__ __forceinline__ void cp_async16_hint(void* dst, const void* src, bool valid,
+                                                uint64_t policy) {
+  const int src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(
+                   smem_addr(dst)),
+               "l"(src), "r"(src_bytes), "l"(policy)
+               : "memory");
+}
+
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
@@ -96,7 +118,7 @@ __device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4],
 template <>
 __device__ __forceinline__ void mma_16816<__half>(float (&c)[4], const uint32_t (&a)[4],
                                                   uint32_t b0, uint32_t b1) {
-  asm volatile(
+  asm(
       "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
       "{%8, %9}, {%0, %1, %2, %3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
@@ -106,7 +128,7 @@ __device__ __forceinline__ void mma_16816<__half>(float (&c)[4], const uint32_t 
 template <>
 __device__ __forceinline__ void mma_16816<__nv_bfloat16>(float (&c)[4], const uint32_t (&a)[4],
                                                          uint32_t b0, uint32_t b1) {
-  asm volatile(
+  asm(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
       "{%8, %9}, {%0, %1, %2, %3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
@@ -134,8 +156,14 @@ struct Config {
   static constexpr bool kZeros = kWeight == WeightType::kUint4;
   static constexpr int kZBytes = (kGrouped && kZeros) ? 2 * kBlockN / 2 : 0;  // 2 zero rows
   static constexpr int kStageBytes = kABytes + kBBytes + kSBytes + kZBytes;
-  /// 4 stages where they fit in kSmemBudget, else 3 (the 128-row block).
-  static constexpr int kStages = kMaxStages * kStageBytes <= kSmemBudget ? kMaxStages : 3;
+  /// Decode blocks (16 rows) stream weights with little compute per byte: their run time is
+  /// the weight bytes in flight per SM divided into the memory latency, so they get a deeper
+  /// pipeline (6 stages, ~69 KiB: still 3 blocks per SM); taller blocks get 4 stages where
+  /// they fit in kSmemBudget, else 3 (the 128-row block).
+  static constexpr int kStages = kBlockM <= 16 && kDecodeStages * kStageBytes <= kSmemBudget
+                                     ? kDecodeStages
+                                 : kMaxStages * kStageBytes <= kSmemBudget ? kMaxStages
+                                                                           : 3;
   static constexpr int kSmemBytes = kStages * kStageBytes;
   static_assert(kSmemBytes <= kSmemBudget, "a block shape's pipeline must fit every target arch");
   static_assert(kABytes % 16 == 0 && kBBytes % 16 == 0 && kSBytes % 16 == 0 &&
@@ -172,6 +200,7 @@ __global__ void __launch_bounds__(32 * kMWarps * kNWarps)
   const T* scales = static_cast<const T*>(p.scales);
 
   auto stage_ptr = [&](int slot) { return smem + slot * C::kStageBytes; };
+  const uint64_t weight_policy = C::kBlockM <= 32 ? evict_first_policy() : 0;
 
   // Issues the copies of k slice `stage` into pipeline slot `slot`.
   auto load_stage = [&](int64_t stage, int slot) {
@@ -200,7 +229,13 @@ __global__ void __launch_bounds__(32 * kMWarps * kNWarps)
           valid ? p.b + kt * 2 * p.n + blockIdx.x * static_cast<int64_t>(kNWarps) * kTileWords +
                       rem * 4
                 : p.b;
-      cp_async16(sb + c * 16, src, valid);
+      // One row block of a decode-sized block (the taller ones have no registers to spare for
+      // the policy): nothing reads this weight tile again.
+      if (C::kBlockM <= 32 && gridDim.y == 1) {
+        cp_async16_hint(sb + c * 16, src, valid, weight_policy);
+      } else {
+        cp_async16(sb + c * 16, src, valid);
+      }
     }
     if constexpr (kGrouped) {
       const int64_t r0 = k_base / p.group_size;
@@ -274,6 +309,20 @@ __global__ void __launch_bounds__(32 * kMWarps * kNWarps)
     // division per slice instead of two 64-bit ones per step.
     const int offset_in_group = kGrouped ? static_cast<int>((stage * kKSteps) % group_tiles) : 0;
     int current_row = -1;
+    // Register double buffer of the A fragments and the packed weight vector per k step.
+    uint32_t af[2][kMTiles][4];
+    int4 bq[2];
+    auto fetch = [&](int kk, uint32_t (&a_frag)[kMTiles][4], int4& b_vec) {
+#pragma unroll
+      for (int mi = 0; mi < kMTiles; ++mi) {
+        const int mat = lane / 8;
+        const int row = (warp_m * kMTiles + mi) * 16 + (lane % 8) + 8 * (mat & 1);
+        const int chunk = kk * 2 + (mat >> 1);
+        ldmatrix_x4(a_frag[mi], sa + row * kBlockK + ((chunk ^ (row & 7)) * 8));
+      }
+      b_vec = sb[(kk * kNWarps + warp_n) * 32 + lane];
+    };
+    fetch(0, af[0], bq[0]);
 #pragma unroll
     for (int kk = 0; kk < kKSteps; ++kk) {
       if constexpr (kGrouped) {
@@ -286,15 +335,10 @@ __global__ void __launch_bounds__(32 * kMWarps * kNWarps)
           set_group(ss + r * C::kBlockN, C::kZeros ? sz + r * (C::kBlockN / 8) : nullptr);
         }
       }
-      uint32_t af[kMTiles][4];
-#pragma unroll
-      for (int mi = 0; mi < kMTiles; ++mi) {
-        const int mat = lane / 8;
-        const int row = (warp_m * kMTiles + mi) * 16 + (lane % 8) + 8 * (mat & 1);
-        const int chunk = kk * 2 + (mat >> 1);
-        ldmatrix_x4(af[mi], sa + row * kBlockK + ((chunk ^ (row & 7)) * 8));
-      }
-      const int4 packed = sb[(kk * kNWarps + warp_n) * 32 + lane];
+      // This step's fragments were fetched during the previous step; fetch the next step's now,
+      // so their shared-memory latency hides behind this step's dequantization and MMAs.
+      if (kk + 1 < kKSteps) fetch(kk + 1, af[(kk + 1) % 2], bq[(kk + 1) % 2]);
+      const int4 packed = bq[kk % 2];
       const uint32_t words[4] = {static_cast<uint32_t>(packed.x), static_cast<uint32_t>(packed.y),
                                  static_cast<uint32_t>(packed.z), static_cast<uint32_t>(packed.w)};
 #pragma unroll
@@ -310,8 +354,8 @@ __global__ void __launch_bounds__(32 * kMWarps * kNWarps)
         }
 #pragma unroll
         for (int mi = 0; mi < kMTiles; ++mi) {
-          mma_16816<T>(acc[mi][2 * w], af[mi], b[0], b[2]);
-          mma_16816<T>(acc[mi][2 * w + 1], af[mi], b[1], b[3]);
+          mma_16816<T>(acc[mi][2 * w], af[kk % 2][mi], b[0], b[2]);
+          mma_16816<T>(acc[mi][2 * w + 1], af[kk % 2][mi], b[1], b[3]);
         }
       }
     }
@@ -385,24 +429,40 @@ __global__ void __launch_bounds__(32 * kMWarps * kNWarps)
   if (tid == 0) p.counters[tile] = 0;  // every split has arrived: ready for the next launch
 }
 
+/// Sets the kernel's shared-memory opt-in on the current device once (a per-device attribute;
+/// a repeat from a racing thread is harmless) and returns its resident blocks per SM there
+/// (queried once per device; the split heuristic needs it on every call).
+template <typename T, WeightType kWeight, bool kGrouped, int kMTiles, int kMWarps, int kNWarps>
+gpuError_t configure_instance(int* blocks_per_sm) {
+  using C = Config<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps>;
+  auto kernel = gemm_kernel<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps>;
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> occupancy[kMaxDevices];  // 0: not configured yet
+  int device = 0;
+  gpuError_t err = cudaGetDevice(&device);
+  if (err != gpuSuccess) return err;
+  int blocks = device < kMaxDevices ? occupancy[device].load(std::memory_order_relaxed) : 0;
+  if (blocks == 0) {
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               C::kSmemBytes);
+    if (err != gpuSuccess) return err;
+    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, C::kThreads,
+                                                        C::kSmemBytes);
+    if (err != gpuSuccess) return err;
+    if (blocks < 1) blocks = 1;
+    if (device < kMaxDevices) occupancy[device].store(blocks, std::memory_order_relaxed);
+  }
+  if (blocks_per_sm != nullptr) *blocks_per_sm = blocks;
+  return gpuSuccess;
+}
+
 /// @brief Launches one instantiation with `splits` k slices (grid: n blocks x m blocks x splits).
 template <typename T, WeightType kWeight, bool kGrouped, int kMTiles, int kMWarps, int kNWarps>
 gpuError_t launch_gemm_instance(const GemmProblem& p, int splits, gpuStream_t stream) {
   using C = Config<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps>;
   auto kernel = gemm_kernel<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps>;
-  // The shared-memory opt-in is a per-device attribute of the kernel: set it once per device
-  // (a repeat from a racing thread is harmless), not on every decode step.
-  constexpr int kMaxDevices = 64;
-  static std::atomic<bool> configured[kMaxDevices];
-  int device = 0;
-  gpuError_t err = cudaGetDevice(&device);
+  gpuError_t err = configure_instance<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps>(nullptr);
   if (err != gpuSuccess) return err;
-  if (device >= kMaxDevices || !configured[device].load(std::memory_order_relaxed)) {
-    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               C::kSmemBytes);
-    if (err != gpuSuccess) return err;
-    if (device < kMaxDevices) configured[device].store(true, std::memory_order_relaxed);
-  }
   const dim3 grid(static_cast<unsigned>((p.n + C::kBlockN - 1) / C::kBlockN),
                   static_cast<unsigned>((p.m + C::kBlockM - 1) / C::kBlockM),
                   static_cast<unsigned>(splits));

@@ -8,6 +8,8 @@
 #include <ATen/ATen.h>
 
 #include <atomic>
+#include <cstdio>
+#include <cstdlib>
 
 #include "common/torch_binding.h"
 #if defined(APHRODITE_BACKEND_CPU) && APHRODITE_FAMILY_BUILT
@@ -95,6 +97,31 @@ at::Tensor awq_marlin_repack(const at::Tensor& b_q_weight, int64_t size_k, int64
                      size_n / marlin::kPackFactor);
   return run_repack(op, b_q_weight, at::Tensor(), size_k, size_n, marlin::SourceFormat::kAwq);
 }
+
+#if defined(APHRODITE_BACKEND_GPU) && APHRODITE_FAMILY_BUILT
+/// The dispatch's plan, or, for tuning only, the one APHRODITE_MARLIN_CONFIG forces:
+/// "m<rows>n<cols>" (a thread-block shape of codegen/marlin.py SHAPES, e.g. m16n256) with an
+/// optional ":<splits>" (k slices; without it the heuristic's split for that shape). Read on
+/// every call (a getenv), so a benchmark can sweep configurations in one process
+/// (benchmarks/bench_marlin.py --sweep). Every configuration computes the same result; an
+/// unknown or unbuilt shape raises.
+marlin::GemmPlan plan_for(const char* op, const marlin::GemmProblem& p) {
+  const char* forced = std::getenv("APHRODITE_MARLIN_CONFIG");
+  if (forced == nullptr || forced[0] == '\0') return marlin::plan_gemm(p);
+  int rows = 0, cols = 0, splits = 0;
+  char tail = 0;
+  const int fields = std::sscanf(forced, "m%dn%d:%d%c", &rows, &cols, &splits, &tail);
+  TORCH_CHECK((fields == 2 || fields == 3) && rows > 0 && rows % 16 == 0 && cols > 0 &&
+                  cols % 64 == 0,
+              op, ": APHRODITE_MARLIN_CONFIG='", forced, "' is not 'm<rows>n<cols>[:<splits>]' ",
+              "(e.g. m16n256:4)");
+  const marlin::GemmPlan plan =
+      marlin::plan_gemm_with(p, marlin::BlockShape{rows / 16, cols / 64}, splits);
+  TORCH_CHECK(plan.shape.m_tiles != 0, op, ": APHRODITE_MARLIN_CONFIG='", forced,
+              "' names a block shape this build does not hold for these types");
+  return plan;
+}
+#endif
 
 at::Tensor gptq_marlin_gemm(const at::Tensor& a, const std::optional<at::Tensor>& c_or_none,
                             const at::Tensor& b_q_weight,
@@ -260,7 +287,7 @@ at::Tensor gptq_marlin_gemm(const at::Tensor& a, const std::optional<at::Tensor>
               num_groups > 1 ? "grouped" : "per-channel", " scales) was left out of this build ",
               "by its generator options (APHRODITE_GENERATOR_OPTIONS marlin.dtypes=..., "
               "marlin.weights=..., marlin.groups=...)");
-  const marlin::GemmPlan plan = marlin::plan_gemm(p);
+  const marlin::GemmPlan plan = plan_for(op, p);
   at::Tensor partials;
   if (plan.partial_floats > 0) {
     partials = at::empty({plan.partial_floats}, a.options().dtype(at::kFloat));

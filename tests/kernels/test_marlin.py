@@ -321,6 +321,41 @@ def test_gemm_small_workspace_does_not_split(device):
     assert rel_error(out, marlin.gemm_ref(a, layer["w_ref"])) < TOL[torch.float16]
 
 
+BLOCK_SHAPES = ["m16n256", "m32n256", "m64n256", "m128n256"]  # codegen/marlin.py SHAPES
+
+
+@pytest.mark.parametrize("shape", BLOCK_SHAPES)
+@pytest.mark.parametrize("splits", [None, 1, 2, 5, 64])
+@pytest.mark.parametrize("m", [1, 33, 130])
+def test_gemm_forced_config(device, monkeypatch, shape, splits, m):
+    # Every configuration the tuning override (and so the dispatch) can pick must be exact,
+    # including splits that leave some k slices empty or exceed the slices (clamped).
+    require_cuda(device)
+    k, n = 1104, 704  # 17.25 slices of 64: a k tail in the last split
+    layer = make_layer(k, n, torch.float16, "uint4", 48, False, device)
+    a = torch.randn(m, k, dtype=torch.float16, device=device)
+    ws = marlin.make_workspace(device)
+    monkeypatch.setenv("APHRODITE_MARLIN_CONFIG", shape + ("" if splits is None else f":{splits}"))
+    try:
+        out = run_gemm(a, layer, "uint4", workspace=ws)
+    except RuntimeError as e:
+        if "does not hold" in str(e):
+            pytest.skip(f"{shape} is not in this build")
+        raise
+    assert torch.isfinite(out).all()
+    assert rel_error(out, marlin.gemm_ref(a, layer["w_ref"])) < TOL[torch.float16]
+    assert torch.count_nonzero(ws) == 0, "split-K counters must be left at zero"
+
+
+@pytest.mark.parametrize("config", ["m16", "n256", "m17n256", "m16n256:2x", "fast"])
+def test_gemm_forced_config_bad(device, monkeypatch, config):
+    require_cuda(device)
+    args = gemm_args(device, weight_type="uint4")  # a combination CI's narrowed build holds
+    monkeypatch.setenv("APHRODITE_MARLIN_CONFIG", config)
+    with pytest.raises(RuntimeError, match="APHRODITE_MARLIN_CONFIG"):
+        torch.ops._C.gptq_marlin_gemm(*args)
+
+
 def gemm_args(device, dtype=torch.float16, weight_type="uint4b8", m=5, k=256, n=128):
     layer = make_layer(k, n, dtype, weight_type, 128, False, device)
     a = torch.randn(m, k, dtype=dtype, device=device)
