@@ -115,7 +115,17 @@ def test_disabled_family_is_recorded_with_its_reason(tmp_path):
     plan = json.loads((build / "plan.json").read_text())
     fam = plan["families"]["topk_softmax"]
     assert not fam["built"] and "APHRODITE_DISABLE_FAMILIES" in fam["reason"]
-    assert not plan["modules"]["_moe_C"]["built"]
+    moe = plan["modules"]["_moe_C"]
+    assert moe["built"] and "topk_softmax" not in moe["built_families"]
+
+    # With every family of _moe_C disabled, the module itself is skipped, and says why.
+    moe_families = sorted(f for f, v in plan["families"].items() if v["module"] == "_moe_C")
+    proc, build = configure(
+        tmp_path / "all", "9.0a", f"-DAPHRODITE_DISABLE_FAMILIES={';'.join(moe_families)}"
+    )
+    assert proc.returncode == 0, proc.stderr
+    moe = json.loads((build / "plan.json").read_text())["modules"]["_moe_C"]
+    assert not moe["built"] and "none of its families" in moe["reason"]
 
 
 @pytest.mark.parametrize(
