@@ -1,10 +1,10 @@
 // FA2-style flash attention forward built from CuTe (SM80 tensor-core atoms, which every arch
 // of the family runs: 8.0 through 12.0). Torch-free; included by the generated instantiations.
 //
-// One CTA of 4 warps per (64-row query tile, head, sequence); warp w owns query rows
-// [16w, 16w + 16) of the tile. K/V tiles of 64 rows stream through swizzled shared memory with
-// cp.async, K and V in separate buffers so that the load of V(j) overlaps S = Q K(j)^T and the
-// softmax, and the load of K(j-1) overlaps O += P V(j). Key tiles are visited from the last to
+// One CTA of 4 warps per (64- or 128-row query tile, head, sequence); warp w owns query rows
+// 16w + 64i + [0, 16) of the tile, i < kBlockM / 64. K/V tiles of 64 rows stream through
+// swizzled shared memory with cp.async, K and V in separate buffers so that the load of V(j)
+// overlaps S = Q K(j)^T and the softmax, and the load of K(j-1) overlaps O += P V(j). Key tiles are visited from the last to
 // the first, so the tiles that need masking (the partial end, the causal diagonal) come first.
 // Softmax statistics stay in fp32 registers; the 4 lanes that share a row of the mma
 // accumulator reduce with two xor shuffles.
@@ -21,14 +21,20 @@
 
 namespace aphrodite::flash_attn {
 
-template <int kHeadDim_, typename Element_, bool kCausal_>
+/// Query rows per CTA: 128 (each warp 32 rows, two mma tiles) where the accumulators fit the
+/// register file without spilling, else 64 (each warp 16 rows).
+constexpr int default_block_m(int head_dim) { return head_dim <= 64 ? 128 : 64; }
+
+template <int kHeadDim_, typename Element_, bool kCausal_,
+          int kBlockM_ = default_block_m(kHeadDim_)>
 struct FwdTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr bool kCausal = kCausal_;
   static constexpr int kNWarps = 4;
   static constexpr int kNThreads = kNWarps * 32;
-  static constexpr int kBlockM = 16 * kNWarps;
+  static constexpr int kBlockM = kBlockM_;
+  static_assert(kBlockM % (16 * kNWarps) == 0, "each warp owns whole 16-row mma tiles");
   static constexpr int kBlockN = 64;
   static_assert(kHeadDim % 32 == 0, "head dims are multiples of 32");
   // Shared-memory rows are tiled in 64-element (128-byte) chunks where the head dim allows,
@@ -43,7 +49,7 @@ struct FwdTraits {
   // x4 ldmatrix feeds a B operand.
   using TiledMma = cute::TiledMMA<cute::MMA_Atom<MmaOp>,
                                   cute::Layout<cute::Shape<cute::Int<kNWarps>, cute::_1, cute::_1>>,
-                                  cute::Tile<cute::Int<kBlockM>, cute::_16, cute::_16>>;
+                                  cute::Tile<cute::Int<16 * kNWarps>, cute::_16, cute::_16>>;
 
   using SmemAtom = decltype(cute::composition(
       cute::Swizzle<kSwizzleBits, 3, 3>{},
@@ -84,7 +90,7 @@ namespace detail {
 // ((2, MMA_M), (2, MMA_N)): value mode 0 of the SM80 16x8 C layout steps the column, mode 1
 // steps the row by 8.
 template <typename Layout>
-__device__ __forceinline__ auto acc_rowcol(Layout acc) {
+CUTE_HOST_DEVICE auto acc_rowcol(Layout acc) {
   using namespace cute;
   static_assert(decltype(rank(acc))::value == 3);
   static_assert(decltype(rank<0>(acc))::value == 2);
@@ -96,7 +102,7 @@ __device__ __forceinline__ auto acc_rowcol(Layout acc) {
 // 16x8x16 mma, ((2, 2, 2), MMA_M, MMA_N / 2): the A registers of a thread are (column pair,
 // row half, k half), and the k halves are two adjacent 8-column accumulator atoms.
 template <typename Layout>
-__device__ __forceinline__ auto acc_as_a(Layout acc) {
+CUTE_HOST_DEVICE auto acc_as_a(Layout acc) {
   using namespace cute;
   static_assert(decltype(size<2>(acc))::value % 2 == 0);
   auto l = logical_divide(acc, Shape<Underscore, Underscore, _2>{});

@@ -1,12 +1,16 @@
 """codegen/flash_attn.py: one file per (head dim, dtype, mask) plus the dispatch, options that
-narrow the grid, and clear failures for bad options or a non-CUDA backend."""
+narrow the grid, and clear failures for bad options or a non-CUDA backend; and, where nvcc and
+the CUTLASS headers are here, the kernel's register-layout assumptions checked on the host."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 GEN = ROOT / "codegen" / "flash_attn.py"
@@ -53,3 +57,40 @@ def test_bad_options_fail_with_what_is_allowed(tmp_path):
     assert proc.returncode != 0 and "64,96,128,192,256" in proc.stderr
     proc = run(tmp_path / "o", "backend=rocm", check=False)
     assert proc.returncode != 0 and "CUDA-only" in proc.stderr
+
+
+def _cutlass_include() -> Path | None:
+    import importlib.util
+
+    spec = importlib.util.find_spec("cutlass_library")
+    if spec is None or spec.origin is None:
+        return None
+    include = Path(spec.origin).parent / "source" / "include"
+    return include if (include / "cute" / "tensor.hpp").exists() else None
+
+
+@pytest.mark.slow
+def test_kernel_register_layouts_on_the_host(tmp_path):
+    nvcc = shutil.which("nvcc")
+    include = _cutlass_include()
+    if nvcc is None or include is None:
+        pytest.skip("needs nvcc and the nvidia-cutlass package")
+    exe = tmp_path / "layout_check"
+    subprocess.run(
+        [
+            nvcc,
+            "-std=c++17",
+            "-DAPHRODITE_BACKEND_GPU",
+            f"-I{ROOT / 'kernels'}",
+            "-isystem",
+            str(include),
+            "--expt-relaxed-constexpr",
+            "-o",
+            str(exe),
+            str(ROOT / "tests" / "build" / "flash_attn_layout_check.cu"),
+        ],
+        check=True,
+    )
+    proc = subprocess.run([str(exe)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout
+    assert proc.stdout.count(": 0 mismatches") == 7, proc.stdout
