@@ -1,8 +1,9 @@
 """FA2-style flash attention (_fa2_C.varlen_fwd) against torch's
 scaled_dot_product_attention with the FLASH_ATTENTION and the CUDNN_ATTENTION backends, in one
 run: batch 4, 32 heads, sequence 1024/4096/8192, head dim 64/128, causal and not, bf16.
-Checks our output against SDPA once per shape before timing. TFLOP/s = 4 * B * H * S^2 * D /
-time, halved for causal. Writes results/flash_attn_<device>.md/.json through the harness.
+Checks our output against SDPA once per shape before timing; varlen rows (ragged lengths, the
+token count of S=4096) give our figure on the same kind of work without padding.
+TFLOP/s = 4 * B * H * S^2 * D / time, halved for causal. Writes results/flash_attn_<device>.md/.json through the harness.
 
     python benchmarks/bench_flash_attn.py [--quick] [--out DIR] [--dtype bf16|f16]
 """
@@ -85,6 +86,34 @@ def bench(seq: int, d: int, causal: bool, dtype: torch.dtype) -> list:
     return row
 
 
+def bench_varlen(d: int, causal: bool, dtype: torch.dtype) -> list:
+    """Ragged lengths with the token count of the S=4096 dense case: our TFLOP/s on varlen work
+    next to the dense figure (SDPA has no varlen path to compare with)."""
+    seqs = [1024, 3072, 5120, 7168]
+    total = sum(seqs)
+    q = torch.randn(total, HEADS, d, device="cuda", dtype=dtype)
+    k = torch.randn(total, HEADS, d, device="cuda", dtype=dtype)
+    v = torch.randn(total, HEADS, d, device="cuda", dtype=dtype)
+    cu = torch.tensor([0, *torch.tensor(seqs).cumsum(0).tolist()], dtype=torch.int32).cuda()
+    t = harness.median_ms(
+        lambda: flash_attn_varlen_func(q, k, v, cu, cu, max(seqs), max(seqs), causal=causal),
+        "cuda",
+    )
+    flops = sum(4 * HEADS * s * s * d for s in seqs) * (0.5 if causal else 1.0)
+    row = [
+        "varlen " + "/".join(str(s) for s in seqs),
+        d,
+        "yes" if causal else "no",
+        f"{t:.3f}",
+        f"{flops / t / 1e9:.0f}",
+        "n/a",
+        "n/a",
+        "n/a",
+    ]
+    print(row, flush=True)
+    return row
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="S=1024 and 4096 only")
@@ -99,6 +128,9 @@ def main() -> None:
             for causal in (False, True):
                 rows.append(bench(seq, d, causal, dtype))
                 torch.cuda.empty_cache()
+    for d in HEAD_DIMS:
+        for causal in (False, True):
+            rows.append(bench_varlen(d, causal, dtype))
     header = [
         "S",
         "head dim",
