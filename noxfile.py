@@ -74,7 +74,13 @@ def cuda(session):
     # the headers are used, so none of its Python dependencies.
     session.install("--no-deps", "nvidia-cutlass")
     _install(session, "cuda", TORCH_CUDA_ARCH_LIST=arch)
-    session.run("pytest", "-q", "tests/build/test_plan.py", env={"APHRODITE_PLAN_REQUIRED": "1"})
+    session.run(
+        "pytest",
+        "-q",
+        "tests/build/test_plan.py",
+        "tests/build/test_flash_attn_gen.py",
+        env={"APHRODITE_PLAN_REQUIRED": "1"},
+    )
     session.run("python", "-m", "aphrodite_ext", "plan")
     session.run(
         "python",
