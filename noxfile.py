@@ -70,13 +70,23 @@ def cuda(session):
     (TORCH_CUDA_ARCH_LIST, default 9.0a), the arch-matrix plan checks; the kernel tests
     run where a GPU is visible and skip elsewhere."""
     arch = os.environ.get("TORCH_CUDA_ARCH_LIST", "9.0a")
+    # CUTLASS/CuTe headers for _fa2_C (cmake/cutlass.cmake finds them in the package); only
+    # the headers are used, so none of its Python dependencies.
+    session.install("--no-deps", "nvidia-cutlass")
     _install(session, "cuda", TORCH_CUDA_ARCH_LIST=arch)
-    session.run("pytest", "-q", "tests/build/test_plan.py", env={"APHRODITE_PLAN_REQUIRED": "1"})
+    session.run(
+        "pytest",
+        "-q",
+        "tests/build/test_plan.py",
+        "tests/build/test_flash_attn_gen.py",
+        env={"APHRODITE_PLAN_REQUIRED": "1"},
+    )
     session.run("python", "-m", "aphrodite_ext", "plan")
     session.run(
         "python",
         "-c",
-        "import aphrodite_ext._C, aphrodite_ext._moe_C; print('CUDA modules import')",
+        "import aphrodite_ext._C, aphrodite_ext._moe_C, aphrodite_ext._fa2_C; "
+        "print('CUDA modules import')",
     )
     session.run("pytest", "-q", "tests/kernels")
 

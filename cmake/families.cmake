@@ -7,12 +7,16 @@
 #   aphrodite_add_family(<name> TARGET <module> OPS <op>... BINDING <file.cpp>
 #       [GPU_SOURCES <file.cu>...] [GPU_GENERATOR <codegen/x.py> [GENERATOR_OPTIONS <k=v>...]]
 #       [CPU_SOURCES <file.cpp>...] [CUDA_ARCHS <arch>...] [HIP_ARCHS <gfx>...]
-#       [MIN_CUDA_VERSION <v>] [DEFINES <def>...])
+#       [MIN_CUDA_VERSION <v>] [DEFINES <def>...] [NEEDS <dependency>...])
 #       One kernel family. The backend decides whether it is built and for which archs (the
 #       intersection of CUDA_ARCHS/HIP_ARCHS with the requested ones, or the CPU ISA builds);
 #       built, its sources get per-source arch flags and the module gets
 #       APHRODITE_HAS_<NAME>. The BINDING is compiled either way, so that its ops exist and,
 #       where the family was skipped, raise the recorded reason.
+#       NEEDS names header/library dependencies by their aphrodite::<dependency> target (e.g.
+#       `cute`, from cmake/cutlass.cmake): the family is skipped when one is missing, with the
+#       reason the dependency's finder recorded (APHRODITE_<DEP>_MISSING_REASON, else a generic
+#       one), and built, the target is linked into the module.
 #   APHRODITE_DISABLE_FAMILIES (cache)
 #       Families to leave out of this build (e.g. for a fast development build); their ops
 #       still exist and say that they were disabled.
@@ -37,7 +41,7 @@ endfunction()
 
 function(aphrodite_add_family name)
   set(_one TARGET BINDING GPU_GENERATOR MIN_CUDA_VERSION)
-  set(_multi OPS GPU_SOURCES CPU_SOURCES CUDA_ARCHS HIP_ARCHS DEFINES GENERATOR_OPTIONS)
+  set(_multi OPS GPU_SOURCES CPU_SOURCES CUDA_ARCHS HIP_ARCHS DEFINES GENERATOR_OPTIONS NEEDS)
   cmake_parse_arguments(PARSE_ARGV 1 arg "" "${_one}" "${_multi}")
   if(arg_UNPARSED_ARGUMENTS)
     message(FATAL_ERROR "aphrodite_add_family(${name}): unknown arguments ${arg_UNPARSED_ARGUMENTS}")
@@ -73,6 +77,22 @@ function(aphrodite_add_family name)
       CPU_SOURCES ${arg_CPU_SOURCES} CUDA_ARCHS ${arg_CUDA_ARCHS} HIP_ARCHS ${arg_HIP_ARCHS}
       MIN_CUDA_VERSION ${arg_MIN_CUDA_VERSION})
   endif()
+  # Dependencies come last: a family its archs already rule out says so, not that a header
+  # library is missing.
+  if(fam_BUILT)
+    foreach(_dep IN LISTS arg_NEEDS)
+      if(NOT TARGET aphrodite::${_dep})
+        string(TOUPPER "${_dep}" _dep_upper)
+        set(fam_BUILT FALSE)
+        if(APHRODITE_${_dep_upper}_MISSING_REASON)
+          set(fam_REASON "needs ${_dep}, and ${APHRODITE_${_dep_upper}_MISSING_REASON}")
+        else()
+          set(fam_REASON "needs ${_dep}, which this build did not find")
+        endif()
+        break()
+      endif()
+    endforeach()
+  endif()
 
   string(TOUPPER "${name}" _upper)
   if(fam_BUILT)
@@ -87,6 +107,8 @@ function(aphrodite_add_family name)
       set_property(SOURCE ${fam_SOURCES} APPEND PROPERTY COMPILE_DEFINITIONS ${arg_DEFINES})
     endif()
     set_property(GLOBAL APPEND PROPERTY APHRODITE_KERNEL_SOURCES_${arg_TARGET} ${fam_SOURCES})
+    list(TRANSFORM arg_NEEDS PREPEND "aphrodite::" OUTPUT_VARIABLE _needs_targets)
+    set_property(GLOBAL APPEND PROPERTY APHRODITE_LINKS_${arg_TARGET} ${_needs_targets})
     set_property(GLOBAL APPEND PROPERTY APHRODITE_DEFINES_${arg_TARGET} APHRODITE_HAS_${_upper})
     list(JOIN fam_ARCHS " " _archs_text)
     set(_status "built for ${_archs_text}")
@@ -160,7 +182,9 @@ function(_aphrodite_create_module target)
   target_include_directories(${target} PRIVATE "${PROJECT_SOURCE_DIR}/kernels")
   # torch and c10 (plus c10_cuda on GPU backends): what the bindings use, not all of
   # TORCH_LIBRARIES, which names libraries (nvrtc, ...) a runtime-only toolkit lacks.
-  target_link_libraries(${target} PRIVATE torch ${APHRODITE_BACKEND_LIBRARIES})
+  get_property(_links GLOBAL PROPERTY APHRODITE_LINKS_${target})
+  list(REMOVE_DUPLICATES _links)
+  target_link_libraries(${target} PRIVATE torch ${APHRODITE_BACKEND_LIBRARIES} ${_links})
   set_target_properties(${target} PROPERTIES CXX_STANDARD ${APHRODITE_TORCH_CXX_STANDARD}
     CXX_STANDARD_REQUIRED ON CXX_EXTENSIONS OFF CXX_VISIBILITY_PRESET hidden
     POSITION_INDEPENDENT_CODE ON)

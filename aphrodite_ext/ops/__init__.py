@@ -4,6 +4,7 @@ extension module that holds the op on first use."""
 
 from .activation import gelu_and_mul, gelu_tanh_and_mul, silu_and_mul
 from .cache import copy_blocks, reshape_and_cache, reshape_and_cache_flash, swap_blocks
+from .flash_attn import flash_attn_varlen_func
 from .fp8_quant import (
     dynamic_per_token_scaled_fp8_quant,
     dynamic_scaled_fp8_quant,
@@ -22,6 +23,7 @@ __all__ = [
     "copy_blocks",
     "dynamic_per_token_scaled_fp8_quant",
     "dynamic_scaled_fp8_quant",
+    "flash_attn_varlen_func",
     "awq_marlin_repack",
     "fused_add_rms_norm",
     "gelu_and_mul",

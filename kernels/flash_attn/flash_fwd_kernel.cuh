@@ -1,0 +1,413 @@
+// FA2-style flash attention forward built from CuTe (SM80 tensor-core atoms, which every arch
+// of the family runs: 8.0 through 12.0). Torch-free; included by the generated instantiations.
+//
+// One CTA of 4 warps per (64- or 128-row query tile, head, sequence); warp w owns query rows
+// 16w + 64i + [0, 16) of the tile, i < kBlockM / 64. K/V tiles of 64 rows stream through
+// swizzled shared memory with cp.async, K and V in separate buffers so that the load of V(j)
+// overlaps S = Q K(j)^T and the softmax, and the load of K(j-1) overlaps O += P V(j). Key tiles are visited from the last to
+// the first, so the tiles that need masking (the partial end, the causal diagonal) come first.
+// Softmax statistics stay in fp32 registers; the 4 lanes that share a row of the mma
+// accumulator reduce with two xor shuffles.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include <cute/tensor.hpp>
+
+#include "common/gpu.h"
+#include "flash_attn/flash_attn.h"
+
+namespace aphrodite::flash_attn {
+
+/// Query rows per CTA: 128 (each warp 32 rows, two mma tiles) where the accumulators fit the
+/// register file without spilling, else 64 (each warp 16 rows).
+constexpr int default_block_m(int head_dim) { return head_dim <= 64 ? 128 : 64; }
+
+template <int kHeadDim_, typename Element_, bool kCausal_,
+          int kBlockM_ = default_block_m(kHeadDim_)>
+struct FwdTraits {
+  using Element = Element_;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr bool kCausal = kCausal_;
+  static constexpr int kNWarps = 4;
+  static constexpr int kNThreads = kNWarps * 32;
+  static constexpr int kBlockM = kBlockM_;
+  static_assert(kBlockM % (16 * kNWarps) == 0, "each warp owns whole 16-row mma tiles");
+  static constexpr int kBlockN = 64;
+  static_assert(kHeadDim % 32 == 0, "head dims are multiples of 32");
+  // Shared-memory rows are tiled in 64-element (128-byte) chunks where the head dim allows,
+  // else 32; the swizzle spreads the 8 rows of an ldmatrix over all banks.
+  static constexpr int kBlockKSmem = kHeadDim % 64 == 0 ? 64 : 32;
+  static constexpr int kSwizzleBits = kBlockKSmem == 64 ? 3 : 2;
+
+  using MmaOp = std::conditional_t<std::is_same_v<Element, cute::half_t>,
+                                   cute::SM80_16x8x16_F32F16F16F32_TN,
+                                   cute::SM80_16x8x16_F32BF16BF16F32_TN>;
+  // Warps tile M; each warp covers 16 x 16 per step (two 16x8x16 atoms along N), so that one
+  // x4 ldmatrix feeds a B operand.
+  using TiledMma = cute::TiledMMA<cute::MMA_Atom<MmaOp>,
+                                  cute::Layout<cute::Shape<cute::Int<kNWarps>, cute::_1, cute::_1>>,
+                                  cute::Tile<cute::Int<16 * kNWarps>, cute::_16, cute::_16>>;
+
+  using SmemAtom = decltype(cute::composition(
+      cute::Swizzle<kSwizzleBits, 3, 3>{},
+      cute::Layout<cute::Shape<cute::_8, cute::Int<kBlockKSmem>>,
+                   cute::Stride<cute::Int<kBlockKSmem>, cute::_1>>{}));
+  using SmemLayoutQ = decltype(cute::tile_to_shape(
+      SmemAtom{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>>{}));
+  using SmemLayoutKV = decltype(cute::tile_to_shape(
+      SmemAtom{}, cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>>{}));
+  // V seen as (head_dim, keys): the B operand of O += P V. Vt(i, j) = V(j, i).
+  using SmemLayoutVt = decltype(cute::composition(
+      SmemLayoutKV{},
+      cute::make_layout(cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockN>>{},
+                        cute::GenRowMajor{})));
+
+  // Global <-> shared: 16-byte vectors, a row of kBlockKSmem elements per kBlockKSmem/8 threads.
+  static constexpr int kGmemThreadsPerRow = kBlockKSmem / 8;
+  using GmemThreadLayout =
+      cute::Layout<cute::Shape<cute::Int<kNThreads / kGmemThreadsPerRow>,
+                               cute::Int<kGmemThreadsPerRow>>,
+                   cute::Stride<cute::Int<kGmemThreadsPerRow>, cute::_1>>;
+  using GmemCopyIn = decltype(cute::make_tiled_copy(
+      cute::Copy_Atom<cute::SM80_CP_ASYNC_CACHEGLOBAL<cute::uint128_t>, Element>{},
+      GmemThreadLayout{}, cute::Layout<cute::Shape<cute::_1, cute::_8>>{}));
+  using GmemCopyOut = decltype(cute::make_tiled_copy(
+      cute::Copy_Atom<cute::UniversalCopy<cute::uint128_t>, Element>{}, GmemThreadLayout{},
+      cute::Layout<cute::Shape<cute::_1, cute::_8>>{}));
+
+  static constexpr int kSmemQElems = kBlockM * kHeadDim;
+  static constexpr int kSmemKVElems = kBlockN * kHeadDim;
+  static constexpr int kSmemBytes =
+      (kSmemQElems + 2 * kSmemKVElems) * static_cast<int>(sizeof(Element));
+};
+
+namespace detail {
+
+// Rearranges an mma accumulator layout ((2, 2), MMA_M, MMA_N) into (rows, cols) =
+// ((2, MMA_M), (2, MMA_N)): value mode 0 of the SM80 16x8 C layout steps the column, mode 1
+// steps the row by 8.
+template <typename Layout>
+CUTE_HOST_DEVICE auto acc_rowcol(Layout acc) {
+  using namespace cute;
+  static_assert(decltype(rank(acc))::value == 3);
+  static_assert(decltype(rank<0>(acc))::value == 2);
+  return make_layout(make_layout(get<0, 1>(acc), get<1>(acc)),
+                     make_layout(get<0, 0>(acc), get<2>(acc)));
+}
+
+// Reinterprets an accumulator layout ((2, 2), MMA_M, MMA_N) as the A operand of the next
+// 16x8x16 mma, ((2, 2, 2), MMA_M, MMA_N / 2): the A registers of a thread are (column pair,
+// row half, k half), and the k halves are two adjacent 8-column accumulator atoms.
+template <typename Layout>
+CUTE_HOST_DEVICE auto acc_as_a(Layout acc) {
+  using namespace cute;
+  static_assert(decltype(size<2>(acc))::value % 2 == 0);
+  auto l = logical_divide(acc, Shape<Underscore, Underscore, _2>{});
+  return make_layout(make_layout(get<0, 0>(l), get<0, 1>(l), get<2, 0>(l)), get<1>(l),
+                     get<2, 1>(l));
+}
+
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+// Copies the rows of a (kRows, head_dim) tile that lie before `valid_rows` with the tiled
+// copy; zero-fills the others in shared memory, so that padding never feeds a NaN into P V.
+template <typename TiledCopy, typename TS, typename TD, typename TC>
+__device__ __forceinline__ void copy_rows(const TiledCopy& tiled_copy, const TS& src, TD& dst,
+                                          const TC& coords, int valid_rows) {
+  using namespace cute;
+  CUTE_UNROLL
+  for (int m = 0; m < size<1>(dst); ++m) {
+    if (get<0>(coords(0, m, 0)) < valid_rows) {
+      CUTE_UNROLL
+      for (int k = 0; k < size<2>(dst); ++k) copy(tiled_copy, src(_, m, k), dst(_, m, k));
+    } else {
+      clear(dst(_, m, _));
+    }
+  }
+}
+
+// acc += A B over the k blocks, A and B loaded from shared memory by ldmatrix one k block
+// ahead of the mma that uses it. rA_view/rB_view are rA/rB retiled for the copies.
+template <typename Acc, typename RA, typename RB, typename VA, typename VB, typename SA,
+          typename SB, typename Mma, typename CopyA, typename CopyB>
+__device__ __forceinline__ void gemm_ss(Acc& acc, RA& rA, RB& rB, VA& rA_view, VB& rB_view,
+                                        const SA& sA, const SB& sB, const Mma& mma,
+                                        const CopyA& copy_a, const CopyB& copy_b) {
+  using namespace cute;
+  copy(copy_a, sA(_, _, 0), rA_view(_, _, 0));
+  copy(copy_b, sB(_, _, 0), rB_view(_, _, 0));
+  CUTE_UNROLL
+  for (int k = 0; k < size<2>(rA); ++k) {
+    if (k + 1 < size<2>(rA)) {
+      copy(copy_a, sA(_, _, k + 1), rA_view(_, _, k + 1));
+      copy(copy_b, sB(_, _, k + 1), rB_view(_, _, k + 1));
+    }
+    gemm(mma, rA(_, _, k), rB(_, _, k), acc);
+  }
+}
+
+// acc += A B with A already in registers (P) and B from shared memory (V^T).
+template <typename Acc, typename RA, typename RB, typename VB, typename SB, typename Mma,
+          typename CopyB>
+__device__ __forceinline__ void gemm_rs(Acc& acc, const RA& rA, RB& rB, VB& rB_view,
+                                        const SB& sB, const Mma& mma, const CopyB& copy_b) {
+  using namespace cute;
+  copy(copy_b, sB(_, _, 0), rB_view(_, _, 0));
+  CUTE_UNROLL
+  for (int k = 0; k < size<2>(rA); ++k) {
+    if (k + 1 < size<2>(rA)) copy(copy_b, sB(_, _, k + 1), rB_view(_, _, k + 1));
+    gemm(mma, rA(_, _, k), rB(_, _, k), acc);
+  }
+}
+
+}  // namespace detail
+
+template <typename Traits>
+__global__ void __launch_bounds__(Traits::kNThreads)
+    flash_fwd_kernel(const FwdProblem p) {
+  using namespace cute;
+  using Element = typename Traits::Element;
+  constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kBlockN = Traits::kBlockN;
+  constexpr int kHeadDim = Traits::kHeadDim;
+
+  const int m_block = blockIdx.x;
+  const int head = blockIdx.y;
+  const int batch = blockIdx.z;
+  const int tid = threadIdx.x;
+
+  const int q_start = p.cu_seqlens_q[batch];
+  const int seqlen_q = p.cu_seqlens_q[batch + 1] - q_start;
+  const int k_start = p.cu_seqlens_k[batch];
+  const int seqlen_k = p.cu_seqlens_k[batch + 1] - k_start;
+  if (m_block * kBlockM >= seqlen_q) return;  // the grid covers max_seqlen_q
+  const int kv_head = head / (p.num_heads / p.num_kv_heads);
+  const int q_rows = min(kBlockM, seqlen_q - m_block * kBlockM);
+  // Offset of the causal diagonal: query i sees keys j <= i + diag.
+  const int diag = seqlen_k - seqlen_q;
+
+  int n_block_max = (seqlen_k + kBlockN - 1) / kBlockN;
+  if constexpr (Traits::kCausal) {
+    const int last_key = (m_block * kBlockM + q_rows - 1) + diag;  // of the tile's last row
+    n_block_max = last_key < 0 ? 0 : min(n_block_max, last_key / kBlockN + 1);
+  }
+
+  extern __shared__ __align__(128) char smem_raw[];
+  Element* smem = reinterpret_cast<Element*>(smem_raw);
+  Tensor sQ = make_tensor(make_smem_ptr(smem), typename Traits::SmemLayoutQ{});
+  Tensor sK = make_tensor(make_smem_ptr(smem + Traits::kSmemQElems),
+                          typename Traits::SmemLayoutKV{});
+  Tensor sV = make_tensor(make_smem_ptr(smem + Traits::kSmemQElems + Traits::kSmemKVElems),
+                          typename Traits::SmemLayoutKV{});
+  Tensor sVt = make_tensor(sV.data(), typename Traits::SmemLayoutVt{});
+
+  const Element* q_base = static_cast<const Element*>(p.q) +
+                          (static_cast<int64_t>(q_start) + m_block * kBlockM) * p.q_row_stride +
+                          static_cast<int64_t>(head) * p.q_head_stride;
+  const Element* k_base = static_cast<const Element*>(p.k) +
+                          static_cast<int64_t>(k_start) * p.k_row_stride +
+                          static_cast<int64_t>(kv_head) * p.k_head_stride;
+  const Element* v_base = static_cast<const Element*>(p.v) +
+                          static_cast<int64_t>(k_start) * p.v_row_stride +
+                          static_cast<int64_t>(kv_head) * p.v_head_stride;
+  Element* o_base = static_cast<Element*>(p.out) +
+                    (static_cast<int64_t>(q_start) + m_block * kBlockM) * p.o_row_stride +
+                    static_cast<int64_t>(head) * p.o_head_stride;
+
+  using TileQ = Shape<Int<kBlockM>, Int<kHeadDim>>;
+  using TileKV = Shape<Int<kBlockN>, Int<kHeadDim>>;
+  Tensor gQ = make_tensor(make_gmem_ptr(q_base), TileQ{}, make_stride(p.q_row_stride, _1{}));
+
+  typename Traits::GmemCopyIn gmem_copy;
+  auto gmem_thr = gmem_copy.get_thread_slice(tid);
+  Tensor tQgQ = gmem_thr.partition_S(gQ);
+  Tensor tQsQ = gmem_thr.partition_D(sQ);
+  Tensor tQcQ = gmem_thr.partition_S(make_identity_tensor(TileQ{}));
+  Tensor tKsK = gmem_thr.partition_D(sK);
+  Tensor tVsV = gmem_thr.partition_D(sV);
+  Tensor tKVc = gmem_thr.partition_S(make_identity_tensor(TileKV{}));
+
+  auto load_kv = [&](const Element* base, int64_t row_stride, auto& dst, int n_block) {
+    Tensor g = make_tensor(make_gmem_ptr(base + static_cast<int64_t>(n_block) * kBlockN *
+                                                    row_stride),
+                           TileKV{}, make_stride(row_stride, _1{}));
+    detail::copy_rows(gmem_copy, gmem_thr.partition_S(g), dst, tKVc,
+                      seqlen_k - n_block * kBlockN);
+  };
+
+  detail::copy_rows(gmem_copy, tQgQ, tQsQ, tQcQ, q_rows);
+  if (n_block_max > 0) load_kv(k_base, p.k_row_stride, tKsK, n_block_max - 1);
+  cp_async_fence();
+
+  typename Traits::TiledMma mma;
+  auto thr_mma = mma.get_thread_slice(tid);
+  Tensor tSrQ = thr_mma.partition_fragment_A(sQ);
+  Tensor tSrK = thr_mma.partition_fragment_B(sK);
+  Tensor tOrVt = thr_mma.partition_fragment_B(sVt);
+  Tensor acc_o = partition_fragment_C(mma, TileQ{});
+
+  auto smem_copy_q = make_tiled_copy_A(Copy_Atom<SM75_U32x4_LDSM_N, Element>{}, mma);
+  auto smem_copy_k = make_tiled_copy_B(Copy_Atom<SM75_U32x4_LDSM_N, Element>{}, mma);
+  auto smem_copy_v = make_tiled_copy_B(Copy_Atom<SM75_U16x8_LDSM_T, Element>{}, mma);
+  auto smem_thr_q = smem_copy_q.get_thread_slice(tid);
+  auto smem_thr_k = smem_copy_k.get_thread_slice(tid);
+  auto smem_thr_v = smem_copy_v.get_thread_slice(tid);
+  Tensor tSsQ = smem_thr_q.partition_S(sQ);
+  Tensor tSsK = smem_thr_k.partition_S(sK);
+  Tensor tOsVt = smem_thr_v.partition_S(sVt);
+  Tensor tSrQ_view = smem_thr_q.retile_D(tSrQ);
+  Tensor tSrK_view = smem_thr_k.retile_D(tSrK);
+  Tensor tOrVt_view = smem_thr_v.retile_D(tOrVt);
+
+  // Tile coordinates (row, col) of each accumulator element, in the (rows, cols) view.
+  Tensor cS = thr_mma.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
+  Tensor tScS = make_tensor(cS.data(), detail::acc_rowcol(cS.layout()));
+  Tensor cO = thr_mma.partition_C(make_identity_tensor(TileQ{}));
+  Tensor tOcO = make_tensor(cO.data(), detail::acc_rowcol(cO.layout()));
+
+  Tensor o_rc = make_tensor(acc_o.data(), detail::acc_rowcol(acc_o.layout()));
+  constexpr int kRows = decltype(size<0>(o_rc))::value;
+  float row_max[kRows];
+  float row_sum[kRows];
+  CUTE_UNROLL
+  for (int r = 0; r < kRows; ++r) {
+    row_max[r] = -INFINITY;
+    row_sum[r] = 0.f;
+  }
+  clear(acc_o);
+  const float scale_log2 = p.softmax_scale * static_cast<float>(M_LOG2E);
+
+  for (int n_block = n_block_max - 1; n_block >= 0; --n_block) {
+    Tensor acc_s = partition_fragment_C(mma, Shape<Int<kBlockM>, Int<kBlockN>>{});
+    clear(acc_s);
+    cp_async_wait<0>();
+    __syncthreads();  // K(n_block) landed, and every warp is done reading V(n_block + 1)
+    load_kv(v_base, p.v_row_stride, tVsV, n_block);
+    cp_async_fence();
+
+    detail::gemm_ss(acc_s, tSrQ, tSrK, tSrQ_view, tSrK_view, tSsQ, tSsK, mma, smem_copy_q,
+                    smem_copy_k);
+
+    Tensor s_rc = make_tensor(acc_s.data(), detail::acc_rowcol(acc_s.layout()));
+    const int key0 = n_block * kBlockN;
+    const bool partial = key0 + kBlockN > seqlen_k;
+    const bool diagonal = Traits::kCausal && key0 + kBlockN - 1 > m_block * kBlockM + diag;
+    if (partial || diagonal) {
+      CUTE_UNROLL
+      for (int i = 0; i < size(s_rc); ++i) {
+        const int key = key0 + get<1>(tScS(i));
+        const int query = m_block * kBlockM + get<0>(tScS(i));
+        if (key >= seqlen_k || (Traits::kCausal && key > query + diag)) s_rc(i) = -INFINITY;
+      }
+    }
+
+    // Online softmax, base 2: p = 2^(s * scale_log2 - max * scale_log2).
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      float m = row_max[r];
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(s_rc); ++c) m = fmaxf(m, s_rc(r, c));
+      m = detail::quad_max(m);
+      // A row that has seen only masked keys keeps max -inf; subtracting 0 keeps its p at 0.
+      const float m_scaled = m == -INFINITY ? 0.f : m * scale_log2;
+      const float correction = exp2f(row_max[r] * scale_log2 - m_scaled);
+      row_max[r] = m;
+      float sum = 0.f;
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(s_rc); ++c) {
+        const float pv = exp2f(s_rc(r, c) * scale_log2 - m_scaled);
+        s_rc(r, c) = pv;
+        sum += pv;
+      }
+      row_sum[r] = row_sum[r] * correction + sum;
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(o_rc); ++c) o_rc(r, c) *= correction;
+    }
+
+    cp_async_wait<0>();
+    __syncthreads();  // V(n_block) landed, and every warp is done reading K(n_block)
+    if (n_block > 0) {
+      load_kv(k_base, p.k_row_stride, tKsK, n_block - 1);
+      cp_async_fence();
+    }
+
+    // P in the element type, laid out as the A operand of O += P V.
+    Tensor rP = make_tensor<Element>(acc_s.layout());
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc_s); ++i) rP(i) = static_cast<Element>(acc_s(i));
+    Tensor tOrP = make_tensor(rP.data(), detail::acc_as_a(rP.layout()));
+    detail::gemm_rs(acc_o, tOrP, tOrVt, tOrVt_view, tOsVt, mma, smem_copy_v);
+  }
+
+  // Epilogue: normalise, write the LSE, stage O through shared memory (sQ) for 16-byte stores.
+  CUTE_UNROLL
+  for (int r = 0; r < kRows; ++r) {
+    const float sum = detail::quad_sum(row_sum[r]);
+    const float inv = sum > 0.f ? 1.f / sum : 0.f;
+    CUTE_UNROLL
+    for (int c = 0; c < size<1>(o_rc); ++c) o_rc(r, c) *= inv;
+    const int row = get<0>(tOcO(r, 0));
+    if (p.lse != nullptr && get<1>(tOcO(r, 0)) == 0 && row < q_rows) {
+      const float lse = sum > 0.f ? row_max[r] * p.softmax_scale + logf(sum) : -INFINITY;
+      p.lse[static_cast<int64_t>(head) * p.total_q + q_start + m_block * kBlockM + row] = lse;
+    }
+  }
+
+  Tensor rO = make_tensor<Element>(acc_o.layout());
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc_o); ++i) rO(i) = static_cast<Element>(acc_o(i));
+  cp_async_wait<0>();
+  __syncthreads();  // every warp is done with sQ (and no copy into it is in flight)
+  Tensor sO = make_tensor(sQ.data(), typename Traits::SmemLayoutQ{});
+  auto smem_copy_o = make_tiled_copy_C(Copy_Atom<DefaultCopy, Element>{}, mma);
+  auto smem_thr_o = smem_copy_o.get_thread_slice(tid);
+  Tensor tOrO_view = smem_thr_o.retile_S(rO);
+  Tensor tOsO_w = smem_thr_o.partition_D(sO);
+  copy(smem_copy_o, tOrO_view, tOsO_w);
+  __syncthreads();
+
+  typename Traits::GmemCopyOut gmem_copy_o;
+  auto gmem_thr_o = gmem_copy_o.get_thread_slice(tid);
+  Tensor gO = make_tensor(make_gmem_ptr(o_base), TileQ{}, make_stride(p.o_row_stride, _1{}));
+  Tensor tOsO = gmem_thr_o.partition_S(sO);
+  Tensor tOgO = gmem_thr_o.partition_D(gO);
+  Tensor tOcO_g = gmem_thr_o.partition_D(make_identity_tensor(TileQ{}));
+  CUTE_UNROLL
+  for (int m = 0; m < size<1>(tOgO); ++m) {
+    if (get<0>(tOcO_g(0, m, 0)) < q_rows) {
+      CUTE_UNROLL
+      for (int k = 0; k < size<2>(tOgO); ++k) copy(gmem_copy_o, tOsO(_, m, k), tOgO(_, m, k));
+    }
+  }
+}
+
+/// Launches one instantiation; the dispatch (generated) picks it from the problem.
+template <int kHeadDim, typename Element, bool kCausal>
+gpuError_t flash_fwd_launch(const FwdProblem& p, gpuStream_t stream) {
+  using Traits = FwdTraits<kHeadDim, Element, kCausal>;
+  auto kernel = &flash_fwd_kernel<Traits>;
+  constexpr int kSmem = Traits::kSmemBytes;
+  if (kSmem > 48 * 1024) {
+    const gpuError_t err =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+    if (err != gpuSuccess) return err;
+  }
+  const dim3 grid((p.max_seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM, p.num_heads,
+                  p.batch);
+  if (grid.x == 0 || p.batch == 0) return gpuSuccess;
+  kernel<<<grid, Traits::kNThreads, kSmem, stream>>>(p);
+  return gpuGetLastError();
+}
+
+}  // namespace aphrodite::flash_attn

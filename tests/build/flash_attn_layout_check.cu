@@ -1,0 +1,62 @@
+// Host-side check of the register-layout assumptions of kernels/flash_attn/flash_fwd_kernel.cuh
+// (CuTe layouts evaluate on the host): the accumulator's (rows, cols) view, its reuse as the A
+// operand of O += P V, the lanes that share a row, and the k blocks of both operands. Built and
+// run by tests/build/test_flash_attn_gen.py where nvcc and the CUTLASS headers are present.
+#include <cstdio>
+#include "flash_attn/flash_fwd_kernel.cuh"
+using namespace cute;
+using namespace aphrodite::flash_attn;
+
+template <int D, int BM>
+int check() {
+  using T = FwdTraits<D, cute::half_t, true, BM>;
+  typename T::TiledMma mma;
+  int bad = 0;
+  for (int t = 0; t < 128; ++t) {
+    auto thr = mma.get_thread_slice(t);
+    auto cC = thr.partition_C(make_identity_tensor(Shape<Int<T::kBlockM>, Int<T::kBlockN>>{}));
+    auto cA = thr.partition_A(make_identity_tensor(Shape<Int<T::kBlockM>, Int<T::kBlockN>>{}));
+    auto cCA = make_tensor(cC.data(), aphrodite::flash_attn::detail::acc_as_a(cC.layout()));
+    if (size(cCA) != size(cA)) { printf("size mismatch\n"); return 1; }
+    for (int i = 0; i < size(cA); ++i) {
+      if (get<0>(cCA(i)) != get<0>(cA(i)) || get<1>(cCA(i)) != get<1>(cA(i))) {
+        if (bad++ < 5) printf("t%d i%d: C->A (%d,%d) vs A (%d,%d)\n", t, i, (int)get<0>(cCA(i)),
+                             (int)get<1>(cCA(i)), (int)get<0>(cA(i)), (int)get<1>(cA(i)));
+      }
+    }
+    auto rc = make_tensor(cC.data(), aphrodite::flash_attn::detail::acc_rowcol(cC.layout()));
+    for (int r = 0; r < size<0>(rc); ++r) {
+      for (int c = 0; c < size<1>(rc); ++c) {
+        if (get<0>(rc(r, c)) != get<0>(rc(r, 0))) bad++;
+        // The 4 lanes sharing a row are lane ^ 1, lane ^ 2: same lane / 4, same warp.
+        int lane = t % 32, warp = t / 32;
+        if (get<0>(rc(r, c)) % 16 % 8 != lane / 4 || get<0>(rc(r, c)) % 64 / 16 != warp) {
+          if (bad++ < 5) printf("row of t%d r%d = %d\n", t, r, (int)get<0>(rc(r, c)));
+        }
+      }
+    }
+    // O accumulator over (kBlockM, D): rows must match S's rows register by register.
+    auto cO = thr.partition_C(make_identity_tensor(Shape<Int<T::kBlockM>, Int<D>>{}));
+    auto orc = make_tensor(cO.data(), aphrodite::flash_attn::detail::acc_rowcol(cO.layout()));
+    if (size<0>(orc) != size<0>(rc)) bad++;
+    for (int r = 0; r < size<0>(rc); ++r) if (get<0>(orc(r, 0)) != get<0>(rc(r, 0))) bad++;
+    // The lane holding column 0 writes the LSE.
+    if ((get<1>(orc(0, 0)) == 0) != (t % 4 == 0)) bad++;
+    // P V's B operand: K index of V^T fragment k-block j covers keys 16j..16j+15, as A's does.
+    auto cB = thr.partition_B(make_identity_tensor(Shape<Int<D>, Int<T::kBlockN>>{}));
+    for (int k = 0; k < size<2>(cB); ++k)
+      for (int i = 0; i < size<0>(cB); ++i)
+        if (get<1>(cB(i, 0, k)) / 16 != k) bad++;
+    for (int k = 0; k < size<2>(cA); ++k)
+      for (int i = 0; i < size<0>(cA); ++i)
+        if (get<1>(cA(i, 0, k)) / 16 != k) bad++;
+  }
+  printf("head_dim %d block_m %d: %d mismatches\n", D, BM, bad);
+  return bad;
+}
+
+int main() {
+  const int bad = check<64, 64>() + check<64, 128>() + check<96, 64>() + check<128, 64>() +
+                  check<128, 128>() + check<192, 64>() + check<256, 64>();
+  return bad != 0;
+}
