@@ -43,7 +43,8 @@ fi
 if has sanitize; then
   san=""
   for tool in memcheck racecheck; do
-    if compute-sanitizer --tool $tool --error-exitcode 9 python3 tools/sanitize_kernels.py \
+    if timeout "${SAN_TIMEOUT:-300}" compute-sanitizer --tool $tool --error-exitcode 9 \
+        python3 tools/sanitize_kernels.py \
         > "$OUT/sanitizer_$tool.log" 2>&1; then san+="$tool clean; "
     else san+="$tool FAILED (see sanitizer_$tool.log); "; grep -m5 -B2 -A8 "=====" "$OUT/sanitizer_$tool.log" | head -40; fi
   done
