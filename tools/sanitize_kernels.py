@@ -153,10 +153,19 @@ def _pa_call(op, **named):
 
 
 # paged attention: v1, v2 (partitions of 512: seq len 600 has two, one of them partial), plain
-# and XL, GQA 4, ALiBi, odd seq lens, block sizes 16 and 32, fp8 caches where built.
-for head, block, cache in ((80, 16, "auto"), (128, 32, "auto"), (128, 16, "fp8")):
+# and XL, GQA 4, ALiBi, odd seq lens, block sizes 16 and 32, fp8 caches where built; GQA 1 and
+# 8 too, so that all three head-group tilings of the kernels (kG = 1, 4, 8) run.
+for head, block, cache, heads in (
+    (80, 16, "auto", 8),
+    (128, 32, "auto", 8),
+    (128, 16, "fp8", 8),
+    (80, 16, "auto", 2),
+    (128, 32, "auto", 2),
+    (80, 16, "auto", 16),
+    (128, 16, "fp8", 16),
+):
     seq_lens = torch.tensor([1, 17, 600, 0], dtype=torch.int32, device=dev)
-    nseq, heads, kv_heads, max_len = 4, 8, 2, 600
+    nseq, kv_heads, max_len = 4, 2, 600
     nblk = (max_len + block - 1) // block
     elem = torch.uint8 if cache == "fp8" else torch.bfloat16
     x = 16 // torch.empty((), dtype=elem).element_size()

@@ -346,6 +346,10 @@ __launch_bounds__(kThreads)  // as before the option: (kThreads, 1) compiles a l
           score_s[g][t] = e;
         }
         sum = warp_sum(sum);
+        // Every lane read run_max[g] above; lane 0 overwrites it below. The shuffles of
+        // warp_sum do not order shared memory, so without this the write may race the other
+        // lanes' read (compute-sanitizer racecheck reports it).
+        __syncwarp();
         if (lane == 0) {
           const float alpha = m_old == -INFINITY ? 0.0f : __expf(m_old - m_new);
           alpha_s[g] = alpha;
@@ -851,6 +855,10 @@ __global__ void __launch_bounds__(kThreads, 3)  // 3 blocks an SM: what the ring
           score_s[g][t] = e;
         }
         sum = warp_sum(sum);
+        // Every lane read run_max[g] above; lane 0 overwrites it below. The shuffles of
+        // warp_sum do not order shared memory, so without this the write may race the other
+        // lanes' read (compute-sanitizer racecheck reports it).
+        __syncwarp();
         if (lane == 0) {
           const float alpha = m_old == -INFINITY ? 0.0f : __expf(m_old - m_new);
           alpha_s[g] = alpha;
