@@ -28,9 +28,9 @@ enum class KvCacheDtype : int8_t {
 ///   out[s, h] = sum_j softmax(score)_j * v[s, j]
 /// Softmax and accumulation in fp32. A sequence of length 0 gets zeros.
 struct PagedAttentionProblem {
-  void* out;                    ///< [num_seqs, num_heads, head_size], contiguous
-  const void* query;            ///< [num_seqs, num_heads, head_size], last dim contiguous
-  const void* key_cache;        ///< see the layout above; strides below (elements)
+  void* out;              ///< [num_seqs, num_heads, head_size], contiguous
+  const void* query;      ///< [num_seqs, num_heads, head_size], last dim contiguous
+  const void* key_cache;  ///< see the layout above; strides below (elements)
   const void* value_cache;
   const int32_t* block_tables;  ///< [num_seqs, block_table_stride], row s holds s's blocks
   const int32_t* seq_lens;      ///< [num_seqs]
@@ -38,34 +38,34 @@ struct PagedAttentionProblem {
   const float* k_scale;         ///< one float on the kernel's device (fp8 caches; else unused)
   const float* v_scale;
   // Transformer-XL relative position (both nullptr for plain paged attention):
-  const void* pos_bias_u;       ///< [num_seqs, num_heads, head_size] in the query's dtype
-  const void* matrix_bd;        ///< [num_seqs, num_heads, >= max_seq_len] in the query's dtype
+  const void* pos_bias_u;  ///< [num_seqs, num_heads, head_size] in the query's dtype
+  const void* matrix_bd;   ///< [num_seqs, num_heads, >= max_seq_len] in the query's dtype
   int64_t num_seqs;
   int64_t num_heads;
   int64_t num_kv_heads;
   int64_t head_size;
   int64_t block_size;
-  int64_t max_seq_len;          ///< >= every seq_lens[s]; sizes the v2 partitions
-  int64_t block_table_stride;   ///< elements between rows of block_tables
-  int64_t q_seq_stride;         ///< elements between sequences of query (heads: head_size)
+  int64_t max_seq_len;         ///< >= every seq_lens[s]; sizes the v2 partitions
+  int64_t block_table_stride;  ///< elements between rows of block_tables
+  int64_t q_seq_stride;        ///< elements between sequences of query (heads: head_size)
   int64_t q_head_stride;
-  int64_t kv_block_stride;      ///< elements between blocks of key_cache and of value_cache
-  int64_t kv_head_stride;       ///< elements between kv heads within a block
-  int64_t u_seq_stride;         ///< pos_bias_u, like the query's
+  int64_t kv_block_stride;  ///< elements between blocks of key_cache and of value_cache
+  int64_t kv_head_stride;   ///< elements between kv heads within a block
+  int64_t u_seq_stride;     ///< pos_bias_u, like the query's
   int64_t u_head_stride;
-  int64_t bd_seq_stride;        ///< matrix_bd: elements between sequences, between heads
+  int64_t bd_seq_stride;  ///< matrix_bd: elements between sequences, between heads
   int64_t bd_head_stride;
   float scale;
-  ScalarType dtype;             ///< of query, out, pos_bias_u, matrix_bd (and auto caches)
+  ScalarType dtype;  ///< of query, out, pos_bias_u, matrix_bd (and auto caches)
   KvCacheDtype cache_dtype;
 };
 
 /// The split-KV (v2) scratch: partition p of (s, h) covers tokens [p * partition_size, ...).
 struct PagedAttentionV2Scratch {
-  float* exp_sums;              ///< [num_seqs, num_heads, max_num_partitions]
-  float* max_logits;            ///< [num_seqs, num_heads, max_num_partitions]
-  float* tmp_out;               ///< [num_seqs, num_heads, max_num_partitions, head_size]
-  int64_t max_num_partitions;   ///< ceil(max_seq_len / partition_size)
+  float* exp_sums;             ///< [num_seqs, num_heads, max_num_partitions]
+  float* max_logits;           ///< [num_seqs, num_heads, max_num_partitions]
+  float* tmp_out;              ///< [num_seqs, num_heads, max_num_partitions, head_size]
+  int64_t max_num_partitions;  ///< ceil(max_seq_len / partition_size)
   int64_t partition_size;
 };
 

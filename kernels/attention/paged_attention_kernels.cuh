@@ -140,13 +140,13 @@ struct Shape {
   }
   static constexpr int kVTeam = cmin(team_for(1), kWarps);
   static constexpr int kTeams = kWarps / kVTeam;
-  static constexpr int kVIters = cdiv(kNPV, kWarp * kVTeam);
+  static constexpr int kVIters = cdiv(kNPV, kWarp* kVTeam);
   static constexpr int kVBlk = cmin(cmax(1, 8 / kVIters), cmax(1, kBlocksPerChunk / kTeams));
 };
 
 /// Arguments of the attention kernel beyond the problem.
 struct Launch {
-  float* exp_sums;   ///< v2 scratch, or nullptr (v1: write `out`)
+  float* exp_sums;  ///< v2 scratch, or nullptr (v1: write `out`)
   float* max_logits;
   float* tmp_out;
   int64_t max_num_partitions;
@@ -193,8 +193,8 @@ __launch_bounds__(kThreads)  // as before the option: (kThreads, 1) compiles a l
     if (begin >= seq_len && !(seq_len == 0 && blockIdx.y == 0 && l.exp_sums == nullptr)) {
       continue;  // an empty partition: the reduce never reads it
     }
-    const int end = static_cast<int>(
-        seq_len < begin + l.partition_size ? seq_len : begin + l.partition_size);
+    const int end =
+        static_cast<int>(seq_len < begin + l.partition_size ? seq_len : begin + l.partition_size);
     const bool direct = l.exp_sums == nullptr || seq_len <= l.partition_size;
 
     if (seq_len == 0) {  // v1 only (v2's reduce writes the zeros)
@@ -680,8 +680,8 @@ __global__ void __launch_bounds__(kThreads, 3)  // 3 blocks an SM: what the ring
     if (begin >= seq_len && !(seq_len == 0 && blockIdx.y == 0 && l.exp_sums == nullptr)) {
       continue;  // an empty partition: the reduce never reads it
     }
-    const int end = static_cast<int>(
-        seq_len < begin + l.partition_size ? seq_len : begin + l.partition_size);
+    const int end =
+        static_cast<int>(seq_len < begin + l.partition_size ? seq_len : begin + l.partition_size);
     const bool direct = l.exp_sums == nullptr || seq_len <= l.partition_size;
 
     if (seq_len == 0) {  // v1 only (v2's reduce writes the zeros)
@@ -786,8 +786,7 @@ __global__ void __launch_bounds__(kThreads, 3)  // 3 blocks an SM: what the ring
         const CacheT* kt = ring + cslot * SS::kTileElems;
         cslot = cslot + 1 == SS::kStages ? 0 : cslot + 1;
         const int t = tile * SS::kTT + qk_tok;  // token within the chunk
-        const CacheT* kb =
-            kt + (qk_tok / kBS) * SS::kBlkElems + (qk_tok % kBS) * SS::kX;
+        const CacheT* kb = kt + (qk_tok / kBS) * SS::kBlkElems + (qk_tok % kBS) * SS::kX;
         float dot[kG];
 #pragma unroll
         for (int g = 0; g < kG; ++g) dot[g] = 0.0f;
@@ -806,8 +805,8 @@ __global__ void __launch_bounds__(kThreads, 3)  // 3 blocks an SM: what the ring
 #pragma unroll
                 for (int e4 = 0; e4 < SS::kX; e4 += 4) {
                   const float4 qv = *reinterpret_cast<const float4*>(&q_s[g][c * SS::kX + e4]);
-                  dot[g] += qv.x * kf[e4] + qv.y * kf[e4 + 1] + qv.z * kf[e4 + 2] +
-                            qv.w * kf[e4 + 3];
+                  dot[g] +=
+                      qv.x * kf[e4] + qv.y * kf[e4 + 1] + qv.z * kf[e4 + 2] + qv.w * kf[e4 + 3];
                 }
               }
             }
@@ -882,8 +881,8 @@ __global__ void __launch_bounds__(kThreads, 3)  // 3 blocks an SM: what the ring
         cslot = cslot + 1 == SS::kStages ? 0 : cslot + 1;
 #pragma unroll 1
         for (int sg = pv_tg; sg < SS::kSegs; sg += SS::kTG) {
-          const int tt0 = sg * SS::kVE;              // first token of the segment, in the tile
-          const int t0 = tile * SS::kTT + tt0;       // ... in the chunk
+          const int tt0 = sg * SS::kVE;         // first token of the segment, in the tile
+          const int t0 = tile * SS::kTT + tt0;  // ... in the chunk
           if (t0 >= n) break;  // segments ascend; blocks past the chunk's were never copied
           const CacheT* vb = vt + (tt0 / kBS) * SS::kBlkElems + tt0 % kBS;
           // This thread's value vectors of the segment (one per dimension it owns), in fp32.

@@ -38,8 +38,7 @@ attention::KvCacheDtype cache_dtype_of(const char* op, const std::string& kv_cac
 
 void check_scale_tensor(const char* op, const char* arg, const at::Tensor& t,
                         const at::Tensor& query) {
-  TORCH_CHECK(t.numel() == 1, op, ": ", arg, " must hold one float32 value, got shape ",
-              t.sizes());
+  TORCH_CHECK(t.numel() == 1, op, ": ", arg, " must hold one float32 value, got shape ", t.sizes());
   check_dtype(op, arg, t, at::kFloat);
   check_same_device(op, arg, t, query);
 }
@@ -69,10 +68,9 @@ int64_t check_scratch(const char* op, const char* arg, const at::Tensor& t, int6
 attention::PagedAttentionProblem make_problem(
     const char* op, at::Tensor& out, const at::Tensor& query, const at::Tensor* u,
     const at::Tensor* bd, const at::Tensor& key_cache, const at::Tensor& value_cache,
-    int64_t num_kv_heads, double scale, const at::Tensor& block_tables,
-    const at::Tensor& seq_lens, int64_t block_size, int64_t max_seq_len,
-    const std::optional<at::Tensor>& alibi_slopes, const std::string& kv_cache_dtype,
-    const at::Tensor& k_scale, const at::Tensor& v_scale) {
+    int64_t num_kv_heads, double scale, const at::Tensor& block_tables, const at::Tensor& seq_lens,
+    int64_t block_size, int64_t max_seq_len, const std::optional<at::Tensor>& alibi_slopes,
+    const std::string& kv_cache_dtype, const at::Tensor& k_scale, const at::Tensor& v_scale) {
   TORCH_CHECK(query.dim() == 3, op, ": query must be [num_seqs, num_heads, head_size], got shape ",
               query.sizes());
   const int64_t num_seqs = query.size(0), num_heads = query.size(1), head_size = query.size(2);
@@ -118,22 +116,25 @@ attention::PagedAttentionProblem make_problem(
   TORCH_CHECK(value_cache.dim() == 4 && value_cache.size(0) == key_cache.size(0) &&
                   value_cache.size(1) == num_kv_heads && value_cache.size(2) == head_size &&
                   value_cache.size(3) == block_size,
-              op, ": value_cache must be [num_blocks=", key_cache.size(0), ", num_kv_heads=",
-              num_kv_heads, ", head_size=", head_size, ", block_size=", block_size,
-              "], got shape ", value_cache.sizes());
+              op, ": value_cache must be [num_blocks=", key_cache.size(0),
+              ", num_kv_heads=", num_kv_heads, ", head_size=", head_size,
+              ", block_size=", block_size, "], got shape ", value_cache.sizes());
   // Blocks and heads may be strided (one stride each, shared by both caches); a head's block
   // must be dense.
-  TORCH_CHECK(key_cache.stride(4) == 1 && key_cache.stride(3) == x &&
-                  key_cache.stride(2) == block_size * x,
-              op, ": key_cache must be contiguous within each [head_size/x, block_size, x] head "
-              "block, got strides ", key_cache.strides());
+  TORCH_CHECK(
+      key_cache.stride(4) == 1 && key_cache.stride(3) == x && key_cache.stride(2) == block_size * x,
+      op,
+      ": key_cache must be contiguous within each [head_size/x, block_size, x] head "
+      "block, got strides ",
+      key_cache.strides());
   TORCH_CHECK(value_cache.stride(3) == 1 && value_cache.stride(2) == block_size, op,
               ": value_cache must be contiguous within each [head_size, block_size] head block, "
-              "got strides ", value_cache.strides());
-  TORCH_CHECK(key_cache.stride(0) == value_cache.stride(0) &&
-                  key_cache.stride(1) == value_cache.stride(1),
-              op, ": key_cache and value_cache must have the same block and head strides, got ",
-              key_cache.strides(), " and ", value_cache.strides());
+              "got strides ",
+              value_cache.strides());
+  TORCH_CHECK(
+      key_cache.stride(0) == value_cache.stride(0) && key_cache.stride(1) == value_cache.stride(1),
+      op, ": key_cache and value_cache must have the same block and head strides, got ",
+      key_cache.strides(), " and ", value_cache.strides());
   check_scale_tensor(op, "k_scale", k_scale, query);
   check_scale_tensor(op, "v_scale", v_scale, query);
 
@@ -184,9 +185,8 @@ attention::PagedAttentionProblem make_problem(
       TORCH_CHECK(lens[s] >= 0 && lens[s] <= max_seq_len, op, ": seq_lens[", s, "] = ", lens[s],
                   " is outside [0, max_seq_len=", max_seq_len, "]");
       const int64_t blocks = (lens[s] + block_size - 1) / block_size;
-      TORCH_CHECK(blocks <= block_tables.size(1), op, ": seq_lens[", s, "] = ", lens[s],
-                  " needs ", blocks, " blocks but block_tables has ", block_tables.size(1),
-                  " columns");
+      TORCH_CHECK(blocks <= block_tables.size(1), op, ": seq_lens[", s, "] = ", lens[s], " needs ",
+                  blocks, " blocks but block_tables has ", block_tables.size(1), " columns");
       for (int64_t b = 0; b < blocks; ++b) {
         const int32_t id = tables[s * block_tables.stride(0) + b];
         TORCH_CHECK(id >= 0 && id < num_blocks, op, ": block_tables[", s, ", ", b, "] = ", id,
@@ -196,36 +196,35 @@ attention::PagedAttentionProblem make_problem(
   }
 #endif
 
-  return attention::PagedAttentionProblem{
-      out.data_ptr(),
-      query.data_ptr(),
-      key_cache.data_ptr(),
-      value_cache.data_ptr(),
-      block_tables.data_ptr<int32_t>(),
-      seq_lens.data_ptr<int32_t>(),
-      alibi_slopes ? alibi_slopes->data_ptr<float>() : nullptr,
-      k_scale.data_ptr<float>(),
-      v_scale.data_ptr<float>(),
-      u != nullptr ? u->data_ptr() : nullptr,
-      bd != nullptr ? bd->data_ptr() : nullptr,
-      num_seqs,
-      num_heads,
-      num_kv_heads,
-      head_size,
-      block_size,
-      max_seq_len,
-      block_tables.stride(0),
-      query.stride(0),
-      query.stride(1),
-      key_cache.stride(0),
-      key_cache.stride(1),
-      u != nullptr ? u->stride(0) : 0,
-      u != nullptr ? u->stride(1) : 0,
-      bd != nullptr ? bd->stride(0) : 0,
-      bd != nullptr ? bd->stride(1) : 0,
-      static_cast<float>(scale),
-      dtype,
-      cache_dtype};
+  return attention::PagedAttentionProblem{out.data_ptr(),
+                                          query.data_ptr(),
+                                          key_cache.data_ptr(),
+                                          value_cache.data_ptr(),
+                                          block_tables.data_ptr<int32_t>(),
+                                          seq_lens.data_ptr<int32_t>(),
+                                          alibi_slopes ? alibi_slopes->data_ptr<float>() : nullptr,
+                                          k_scale.data_ptr<float>(),
+                                          v_scale.data_ptr<float>(),
+                                          u != nullptr ? u->data_ptr() : nullptr,
+                                          bd != nullptr ? bd->data_ptr() : nullptr,
+                                          num_seqs,
+                                          num_heads,
+                                          num_kv_heads,
+                                          head_size,
+                                          block_size,
+                                          max_seq_len,
+                                          block_tables.stride(0),
+                                          query.stride(0),
+                                          query.stride(1),
+                                          key_cache.stride(0),
+                                          key_cache.stride(1),
+                                          u != nullptr ? u->stride(0) : 0,
+                                          u != nullptr ? u->stride(1) : 0,
+                                          bd != nullptr ? bd->stride(0) : 0,
+                                          bd != nullptr ? bd->stride(1) : 0,
+                                          static_cast<float>(scale),
+                                          dtype,
+                                          cache_dtype};
 }
 
 /// vLLM's block-sparse arguments: accepted for schema compatibility, only their defaults
@@ -270,16 +269,16 @@ attention::PagedAttentionV2Scratch make_scratch(const char* op, at::Tensor& exp_
                                                 at::Tensor& max_logits, at::Tensor& tmp_out,
                                                 const at::Tensor& query, int64_t max_seq_len) {
   const int64_t num_seqs = query.size(0), num_heads = query.size(1);
-  const int64_t parts = check_scratch(op, "tmp_out", tmp_out, num_seqs, num_heads, query.size(2),
-                                      max_seq_len, query);
+  const int64_t parts =
+      check_scratch(op, "tmp_out", tmp_out, num_seqs, num_heads, query.size(2), max_seq_len, query);
   for (const auto& [name, t] : {std::pair<const char*, const at::Tensor&>{"exp_sums", exp_sums},
                                 {"max_logits", max_logits}}) {
-    TORCH_CHECK(check_scratch(op, name, t, num_seqs, num_heads, 0, max_seq_len, query) == parts,
-                op, ": ", name, " must have tmp_out's ", parts, " partitions, got ", t.size(2));
+    TORCH_CHECK(check_scratch(op, name, t, num_seqs, num_heads, 0, max_seq_len, query) == parts, op,
+                ": ", name, " must have tmp_out's ", parts, " partitions, got ", t.size(2));
   }
   return attention::PagedAttentionV2Scratch{exp_sums.data_ptr<float>(),
-                                            max_logits.data_ptr<float>(),
-                                            tmp_out.data_ptr<float>(), parts, kPartitionSize};
+                                            max_logits.data_ptr<float>(), tmp_out.data_ptr<float>(),
+                                            parts, kPartitionSize};
 }
 
 void paged_attention_v1(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
@@ -295,8 +294,8 @@ void paged_attention_v1(at::Tensor& out, const at::Tensor& query, const at::Tens
   check_dense(op, tp_rank, blocksparse_local_blocks, blocksparse_vert_stride,
               blocksparse_block_size, blocksparse_head_sliding_step);
   const auto p = make_problem(op, out, query, nullptr, nullptr, key_cache, value_cache,
-                              num_kv_heads, scale, block_tables, seq_lens, block_size,
-                              max_seq_len, alibi_slopes, kv_cache_dtype, k_scale, v_scale);
+                              num_kv_heads, scale, block_tables, seq_lens, block_size, max_seq_len,
+                              alibi_slopes, kv_cache_dtype, k_scale, v_scale);
   run(op, p, nullptr, query);
 }
 
@@ -314,8 +313,8 @@ void paged_attention_v2(at::Tensor& out, at::Tensor& exp_sums, at::Tensor& max_l
   check_dense(op, tp_rank, blocksparse_local_blocks, blocksparse_vert_stride,
               blocksparse_block_size, blocksparse_head_sliding_step);
   const auto p = make_problem(op, out, query, nullptr, nullptr, key_cache, value_cache,
-                              num_kv_heads, scale, block_tables, seq_lens, block_size,
-                              max_seq_len, alibi_slopes, kv_cache_dtype, k_scale, v_scale);
+                              num_kv_heads, scale, block_tables, seq_lens, block_size, max_seq_len,
+                              alibi_slopes, kv_cache_dtype, k_scale, v_scale);
   const auto scratch = make_scratch(op, exp_sums, max_logits, tmp_out, query, max_seq_len);
   run(op, p, &scratch, query);
 }
@@ -329,8 +328,8 @@ void xl_paged_attention_v1(at::Tensor& out, const at::Tensor& query, const at::T
                            const at::Tensor& v_scale) {
   const char* op = "xl_paged_attention_v1";
   const auto p = make_problem(op, out, query, &pos_bias_u, &matrix_bd, key_cache, value_cache,
-                              num_kv_heads, scale, block_tables, seq_lens, block_size,
-                              max_seq_len, std::nullopt, kv_cache_dtype, k_scale, v_scale);
+                              num_kv_heads, scale, block_tables, seq_lens, block_size, max_seq_len,
+                              std::nullopt, kv_cache_dtype, k_scale, v_scale);
   run(op, p, nullptr, query);
 }
 
@@ -344,8 +343,8 @@ void xl_paged_attention_v2(at::Tensor& out, at::Tensor& exp_sums, at::Tensor& ma
                            const at::Tensor& v_scale) {
   const char* op = "xl_paged_attention_v2";
   const auto p = make_problem(op, out, query, &pos_bias_u, &matrix_bd, key_cache, value_cache,
-                              num_kv_heads, scale, block_tables, seq_lens, block_size,
-                              max_seq_len, std::nullopt, kv_cache_dtype, k_scale, v_scale);
+                              num_kv_heads, scale, block_tables, seq_lens, block_size, max_seq_len,
+                              std::nullopt, kv_cache_dtype, k_scale, v_scale);
   const auto scratch = make_scratch(op, exp_sums, max_logits, tmp_out, query, max_seq_len);
   run(op, p, &scratch, query);
 }
@@ -353,13 +352,13 @@ void xl_paged_attention_v2(at::Tensor& out, at::Tensor& exp_sums, at::Tensor& ma
 }  // namespace
 }  // namespace aphrodite
 
-#define APHRODITE_PAGED_ATTENTION_ARGS                                                       \
-  "Tensor query, Tensor key_cache, Tensor value_cache, int num_kv_heads, float scale, "      \
-  "Tensor block_tables, Tensor seq_lens, int block_size, int max_seq_len, "                  \
+#define APHRODITE_PAGED_ATTENTION_ARGS                                                        \
+  "Tensor query, Tensor key_cache, Tensor value_cache, int num_kv_heads, float scale, "       \
+  "Tensor block_tables, Tensor seq_lens, int block_size, int max_seq_len, "                   \
   "Tensor? alibi_slopes, str kv_cache_dtype, Tensor k_scale, Tensor v_scale, int tp_rank=0, " \
-  "int blocksparse_local_blocks=0, int blocksparse_vert_stride=0, "                          \
+  "int blocksparse_local_blocks=0, int blocksparse_vert_stride=0, "                           \
   "int blocksparse_block_size=64, int blocksparse_head_sliding_step=0) -> ()"
-#define APHRODITE_XL_PAGED_ATTENTION_ARGS                                                  \
+#define APHRODITE_XL_PAGED_ATTENTION_ARGS                                                     \
   "Tensor query, Tensor pos_bias_u, Tensor matrix_bd, Tensor key_cache, Tensor value_cache, " \
   "int num_kv_heads, float scale, Tensor block_tables, Tensor seq_lens, int block_size, "     \
   "int max_seq_len, str kv_cache_dtype, Tensor k_scale, Tensor v_scale) -> ()"
@@ -369,8 +368,8 @@ APHRODITE_DEFINE_OPS(_C, ops) {
   ops.def("paged_attention_v1(Tensor! out, " APHRODITE_PAGED_ATTENTION_ARGS);
   ops.def("paged_attention_v2(Tensor! out, " APHRODITE_V2_SCRATCH APHRODITE_PAGED_ATTENTION_ARGS);
   ops.def("xl_paged_attention_v1(Tensor! out, " APHRODITE_XL_PAGED_ATTENTION_ARGS);
-  ops.def("xl_paged_attention_v2(Tensor! out, " APHRODITE_V2_SCRATCH
-          APHRODITE_XL_PAGED_ATTENTION_ARGS);
+  ops.def(
+      "xl_paged_attention_v2(Tensor! out, " APHRODITE_V2_SCRATCH APHRODITE_XL_PAGED_ATTENTION_ARGS);
 }
 
 #if APHRODITE_FAMILY_BUILT

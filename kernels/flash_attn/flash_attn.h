@@ -14,11 +14,11 @@ namespace aphrodite::flash_attn {
 /// Causal masks are bottom-right aligned: query i of a sequence sees keys j <= i + sk - sq. A
 /// query row that sees no key gets a zero output and an LSE of -inf.
 struct FwdProblem {
-  const void* q;              ///< [total_q, num_heads, head_dim]
-  const void* k;              ///< [total_k, num_kv_heads, head_dim]
-  const void* v;              ///< [total_k, num_kv_heads, head_dim]
-  void* out;                  ///< [total_q, num_heads, head_dim]
-  float* lse;                 ///< [num_heads, total_q] contiguous, or nullptr
+  const void* q;                ///< [total_q, num_heads, head_dim]
+  const void* k;                ///< [total_k, num_kv_heads, head_dim]
+  const void* v;                ///< [total_k, num_kv_heads, head_dim]
+  void* out;                    ///< [total_q, num_heads, head_dim]
+  float* lse;                   ///< [num_heads, total_q] contiguous, or nullptr
   const int32_t* cu_seqlens_q;  ///< [batch + 1], on the device
   const int32_t* cu_seqlens_k;  ///< [batch + 1], on the device
   // Strides in elements; the last dim is contiguous. Rows and heads must be 16-byte aligned.
@@ -26,15 +26,15 @@ struct FwdProblem {
   int64_t k_row_stride, k_head_stride;
   int64_t v_row_stride, v_head_stride;
   int64_t o_row_stride, o_head_stride;
-  int64_t total_q;            ///< the LSE's row length
+  int64_t total_q;  ///< the LSE's row length
   int batch;
   int num_heads;
-  int num_kv_heads;           ///< divides num_heads
+  int num_kv_heads;  ///< divides num_heads
   int head_dim;
-  int max_seqlen_q;           ///< >= every sequence's query length (sizes the grid)
-  float softmax_scale;        ///< > 0
+  int max_seqlen_q;     ///< >= every sequence's query length (sizes the grid)
+  float softmax_scale;  ///< > 0
   bool causal;
-  ScalarType dtype;           ///< of q, k, v and out: float16 or bfloat16
+  ScalarType dtype;  ///< of q, k, v and out: float16 or bfloat16
 };
 
 }  // namespace aphrodite::flash_attn

@@ -28,8 +28,7 @@ void check_aligned(const char* arg, const at::Tensor& t) {
 }
 
 void check_cu_seqlens(const char* arg, const at::Tensor& t, const at::Tensor& q) {
-  TORCH_CHECK(t.scalar_type() == at::kInt, kOp, ": ", arg, " must be int32, got ",
-              t.scalar_type());
+  TORCH_CHECK(t.scalar_type() == at::kInt, kOp, ": ", arg, " must be int32, got ", t.scalar_type());
   TORCH_CHECK(t.dim() == 1 && t.size(0) >= 2, kOp, ": ", arg,
               " must be 1-D of length batch + 1 >= 2, got shape ", t.sizes());
   TORCH_CHECK(t.is_contiguous(), kOp, ": ", arg, " must be contiguous");
@@ -48,8 +47,8 @@ Checked check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
               q.sizes());
   TORCH_CHECK(k.dim() == 3, kOp, ": k must be [total_k, num_kv_heads, head_dim], got shape ",
               k.sizes());
-  TORCH_CHECK(v.sizes() == k.sizes(), kOp, ": v must have the shape of k ", k.sizes(),
-              ", got ", v.sizes());
+  TORCH_CHECK(v.sizes() == k.sizes(), kOp, ": v must have the shape of k ", k.sizes(), ", got ",
+              v.sizes());
   TORCH_CHECK(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16, kOp,
               ": q must be float16 or bfloat16, got ", q.scalar_type());
   check_dtype(kOp, "k", k, q.scalar_type());
@@ -84,20 +83,20 @@ std::tuple<at::Tensor, at::Tensor> varlen_fwd(const at::Tensor& q, const at::Ten
                                               const at::Tensor& v,
                                               const std::optional<at::Tensor>& out,
                                               const at::Tensor& cu_seqlens_q,
-                                              const at::Tensor& cu_seqlens_k,
-                                              int64_t max_seqlen_q, int64_t max_seqlen_k,
-                                              double softmax_scale, bool causal,
-                                              bool return_softmax_lse) {
+                                              const at::Tensor& cu_seqlens_k, int64_t max_seqlen_q,
+                                              int64_t max_seqlen_k, double softmax_scale,
+                                              bool causal, bool return_softmax_lse) {
   const Checked c = check_inputs(q, k, v, out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                  max_seqlen_k, softmax_scale);
-  at::Tensor result = out.has_value() ? at::empty({0}, q.options()) : at::empty(q.sizes(), q.options());
+  at::Tensor result =
+      out.has_value() ? at::empty({0}, q.options()) : at::empty(q.sizes(), q.options());
   at::Tensor dst = out.has_value() ? *out : result;
   at::Tensor lse = at::empty({return_softmax_lse ? c.heads : 0, return_softmax_lse ? c.total_q : 0},
                              q.options().dtype(at::kFloat));
 #if APHRODITE_FAMILY_BUILT
   const ScalarType dtype = kernel_dtype(kOp, "q", q);
-  TORCH_CHECK(flash_attn::has_fwd(static_cast<int>(c.head_dim), dtype, causal), kOp,
-              ": head_dim ", c.head_dim, " with ", q.scalar_type(), (causal ? " causal" : ""),
+  TORCH_CHECK(flash_attn::has_fwd(static_cast<int>(c.head_dim), dtype, causal), kOp, ": head_dim ",
+              c.head_dim, " with ", q.scalar_type(), (causal ? " causal" : ""),
               " is not in this build (head dims built: ", flash_attn::built_head_dims(),
               "; see the flash_attn generator options)");
   check_aligned("q", q);
@@ -144,10 +143,11 @@ std::tuple<at::Tensor, at::Tensor> varlen_fwd(const at::Tensor& q, const at::Ten
 // Fake (Meta): the outputs' shapes, so the op traces under torch.compile. With `out` given the
 // result is written there and the first output is empty (a custom op may not return an alias
 // of an input).
-std::tuple<at::Tensor, at::Tensor> varlen_fwd_fake(
-    const at::Tensor& q, const at::Tensor&, const at::Tensor&,
-    const std::optional<at::Tensor>& out, const at::Tensor&, const at::Tensor&, int64_t, int64_t,
-    double, bool, bool return_softmax_lse) {
+std::tuple<at::Tensor, at::Tensor> varlen_fwd_fake(const at::Tensor& q, const at::Tensor&,
+                                                   const at::Tensor&,
+                                                   const std::optional<at::Tensor>& out,
+                                                   const at::Tensor&, const at::Tensor&, int64_t,
+                                                   int64_t, double, bool, bool return_softmax_lse) {
   at::Tensor result =
       out.has_value() ? at::empty({0}, q.options()) : at::empty_symint(q.sym_sizes(), q.options());
   std::vector<c10::SymInt> lse_shape{c10::SymInt(0), c10::SymInt(0)};

@@ -4,10 +4,10 @@
 // One CTA of 4 warps per (64- or 128-row query tile, head, sequence); warp w owns query rows
 // 16w + 64i + [0, 16) of the tile, i < kBlockM / 64. K/V tiles of 64 rows stream through
 // swizzled shared memory with cp.async, K and V in separate buffers so that the load of V(j)
-// overlaps S = Q K(j)^T and the softmax, and the load of K(j-1) overlaps O += P V(j). Key tiles are visited from the last to
-// the first, so the tiles that need masking (the partial end, the causal diagonal) come first.
-// Softmax statistics stay in fp32 registers; the 4 lanes that share a row of the mma
-// accumulator reduce with two xor shuffles.
+// overlaps S = Q K(j)^T and the softmax, and the load of K(j-1) overlaps O += P V(j). Key tiles are
+// visited from the last to the first, so the tiles that need masking (the partial end, the causal
+// diagonal) come first. Softmax statistics stay in fp32 registers; the 4 lanes that share a row of
+// the mma accumulator reduce with two xor shuffles.
 #pragma once
 
 #include <cmath>
@@ -42,35 +42,33 @@ struct FwdTraits {
   static constexpr int kBlockKSmem = kHeadDim % 64 == 0 ? 64 : 32;
   static constexpr int kSwizzleBits = kBlockKSmem == 64 ? 3 : 2;
 
-  using MmaOp = std::conditional_t<std::is_same_v<Element, cute::half_t>,
-                                   cute::SM80_16x8x16_F32F16F16F32_TN,
-                                   cute::SM80_16x8x16_F32BF16BF16F32_TN>;
+  using MmaOp =
+      std::conditional_t<std::is_same_v<Element, cute::half_t>, cute::SM80_16x8x16_F32F16F16F32_TN,
+                         cute::SM80_16x8x16_F32BF16BF16F32_TN>;
   // Warps tile M; each warp covers 16 x 16 per step (two 16x8x16 atoms along N), so that one
   // x4 ldmatrix feeds a B operand.
   using TiledMma = cute::TiledMMA<cute::MMA_Atom<MmaOp>,
                                   cute::Layout<cute::Shape<cute::Int<kNWarps>, cute::_1, cute::_1>>,
                                   cute::Tile<cute::Int<16 * kNWarps>, cute::_16, cute::_16>>;
 
-  using SmemAtom = decltype(cute::composition(
-      cute::Swizzle<kSwizzleBits, 3, 3>{},
-      cute::Layout<cute::Shape<cute::_8, cute::Int<kBlockKSmem>>,
-                   cute::Stride<cute::Int<kBlockKSmem>, cute::_1>>{}));
+  using SmemAtom =
+      decltype(cute::composition(cute::Swizzle<kSwizzleBits, 3, 3>{},
+                                 cute::Layout<cute::Shape<cute::_8, cute::Int<kBlockKSmem>>,
+                                              cute::Stride<cute::Int<kBlockKSmem>, cute::_1>>{}));
   using SmemLayoutQ = decltype(cute::tile_to_shape(
       SmemAtom{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>>{}));
   using SmemLayoutKV = decltype(cute::tile_to_shape(
       SmemAtom{}, cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>>{}));
   // V seen as (head_dim, keys): the B operand of O += P V. Vt(i, j) = V(j, i).
   using SmemLayoutVt = decltype(cute::composition(
-      SmemLayoutKV{},
-      cute::make_layout(cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockN>>{},
-                        cute::GenRowMajor{})));
+      SmemLayoutKV{}, cute::make_layout(cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockN>>{},
+                                        cute::GenRowMajor{})));
 
   // Global <-> shared: 16-byte vectors, a row of kBlockKSmem elements per kBlockKSmem/8 threads.
   static constexpr int kGmemThreadsPerRow = kBlockKSmem / 8;
-  using GmemThreadLayout =
-      cute::Layout<cute::Shape<cute::Int<kNThreads / kGmemThreadsPerRow>,
-                               cute::Int<kGmemThreadsPerRow>>,
-                   cute::Stride<cute::Int<kGmemThreadsPerRow>, cute::_1>>;
+  using GmemThreadLayout = cute::Layout<
+      cute::Shape<cute::Int<kNThreads / kGmemThreadsPerRow>, cute::Int<kGmemThreadsPerRow>>,
+      cute::Stride<cute::Int<kGmemThreadsPerRow>, cute::_1>>;
   using GmemCopyIn = decltype(cute::make_tiled_copy(
       cute::Copy_Atom<cute::SM80_CP_ASYNC_CACHEGLOBAL<cute::uint128_t>, Element>{},
       GmemThreadLayout{}, cute::Layout<cute::Shape<cute::_1, cute::_8>>{}));
@@ -160,8 +158,8 @@ __device__ __forceinline__ void gemm_ss(Acc& acc, RA& rA, RB& rB, VA& rA_view, V
 // acc += A B with A already in registers (P) and B from shared memory (V^T).
 template <typename Acc, typename RA, typename RB, typename VB, typename SB, typename Mma,
           typename CopyB>
-__device__ __forceinline__ void gemm_rs(Acc& acc, const RA& rA, RB& rB, VB& rB_view,
-                                        const SB& sB, const Mma& mma, const CopyB& copy_b) {
+__device__ __forceinline__ void gemm_rs(Acc& acc, const RA& rA, RB& rB, VB& rB_view, const SB& sB,
+                                        const Mma& mma, const CopyB& copy_b) {
   using namespace cute;
   copy(copy_b, sB(_, _, 0), rB_view(_, _, 0));
   CUTE_UNROLL
@@ -174,8 +172,7 @@ __device__ __forceinline__ void gemm_rs(Acc& acc, const RA& rA, RB& rB, VB& rB_v
 }  // namespace detail
 
 template <typename Traits>
-__global__ void __launch_bounds__(Traits::kNThreads)
-    flash_fwd_kernel(const FwdProblem p) {
+__global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(const FwdProblem p) {
   using namespace cute;
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM;
@@ -206,8 +203,8 @@ __global__ void __launch_bounds__(Traits::kNThreads)
   extern __shared__ __align__(128) char smem_raw[];
   Element* smem = reinterpret_cast<Element*>(smem_raw);
   Tensor sQ = make_tensor(make_smem_ptr(smem), typename Traits::SmemLayoutQ{});
-  Tensor sK = make_tensor(make_smem_ptr(smem + Traits::kSmemQElems),
-                          typename Traits::SmemLayoutKV{});
+  Tensor sK =
+      make_tensor(make_smem_ptr(smem + Traits::kSmemQElems), typename Traits::SmemLayoutKV{});
   Tensor sV = make_tensor(make_smem_ptr(smem + Traits::kSmemQElems + Traits::kSmemKVElems),
                           typename Traits::SmemLayoutKV{});
   Tensor sVt = make_tensor(sV.data(), typename Traits::SmemLayoutVt{});
@@ -239,11 +236,10 @@ __global__ void __launch_bounds__(Traits::kNThreads)
   Tensor tKVc = gmem_thr.partition_S(make_identity_tensor(TileKV{}));
 
   auto load_kv = [&](const Element* base, int64_t row_stride, auto& dst, int n_block) {
-    Tensor g = make_tensor(make_gmem_ptr(base + static_cast<int64_t>(n_block) * kBlockN *
-                                                    row_stride),
-                           TileKV{}, make_stride(row_stride, _1{}));
-    detail::copy_rows(gmem_copy, gmem_thr.partition_S(g), dst, tKVc,
-                      seqlen_k - n_block * kBlockN);
+    Tensor g =
+        make_tensor(make_gmem_ptr(base + static_cast<int64_t>(n_block) * kBlockN * row_stride),
+                    TileKV{}, make_stride(row_stride, _1{}));
+    detail::copy_rows(gmem_copy, gmem_thr.partition_S(g), dst, tKVc, seqlen_k - n_block * kBlockN);
   };
 
   detail::copy_rows(gmem_copy, tQgQ, tQsQ, tQcQ, q_rows);
@@ -403,8 +399,7 @@ gpuError_t flash_fwd_launch(const FwdProblem& p, gpuStream_t stream) {
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
     if (err != gpuSuccess) return err;
   }
-  const dim3 grid((p.max_seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM, p.num_heads,
-                  p.batch);
+  const dim3 grid((p.max_seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM, p.num_heads, p.batch);
   if (grid.x == 0 || p.batch == 0) return gpuSuccess;
   kernel<<<grid, Traits::kNThreads, kSmem, stream>>>(p);
   return gpuGetLastError();

@@ -30,10 +30,10 @@
 
 namespace aphrodite::marlin {
 
-constexpr int kTileK = 16;          ///< k extent of one packed tile (one mma k step)
-constexpr int kTileN = 64;          ///< n extent of one packed tile (8 n8 sub-tiles)
-constexpr int kTileWords = 128;     ///< int32 words per tile: 32 lanes x 4 words
-constexpr int kPackFactor = 8;      ///< 4-bit codes per int32
+constexpr int kTileK = 16;       ///< k extent of one packed tile (one mma k step)
+constexpr int kTileN = 64;       ///< n extent of one packed tile (8 n8 sub-tiles)
+constexpr int kTileWords = 128;  ///< int32 words per tile: 32 lanes x 4 words
+constexpr int kPackFactor = 8;   ///< 4-bit codes per int32
 
 /// AWQ's nibble order: column 8j + c of an AWQ qweight/qzeros word lives in nibble
 /// kAwqNibbleOfColumn[c] (AWQ packs columns in the order 0 2 4 6 1 3 5 7).
@@ -56,11 +56,11 @@ enum class SourceFormat : int8_t {
 /// Repack a 4-bit checkpoint weight into the marlin tile layout. Rows are gathered through
 /// `perm` when given (GPTQ act-order): packed row k takes source row perm[k].
 struct RepackProblem {
-  int32_t* out;             ///< [K / 16, 2 * N], contiguous
-  const int32_t* in;        ///< GPTQ [K / 8, N] or AWQ [K, N / 8], contiguous
-  const int32_t* perm;      ///< [K] or nullptr
-  int64_t size_k;           ///< multiple of 16
-  int64_t size_n;           ///< multiple of 64
+  int32_t* out;         ///< [K / 16, 2 * N], contiguous
+  const int32_t* in;    ///< GPTQ [K / 8, N] or AWQ [K, N / 8], contiguous
+  const int32_t* perm;  ///< [K] or nullptr
+  int64_t size_k;       ///< multiple of 16
+  int64_t size_n;       ///< multiple of 64
   SourceFormat format;
 };
 
@@ -109,35 +109,35 @@ enum class WeightType : int8_t {
 /// is handled by the binding (it gathers the columns of a through perm, so that groups are
 /// contiguous in the packed order).
 struct GemmProblem {
-  void* out;                ///< [M, N], row stride ldc (elements), activation dtype
-  const void* a;            ///< [M, K], row stride lda (elements, multiple of 8), 16-byte aligned
-  const int32_t* b;         ///< packed [K / 16, 2 * N]
-  const void* scales;       ///< [K / group_size, N] contiguous, activation dtype
-  const int32_t* zeros;     ///< [K / group_size, N / 8] nibble c of word j = column 8j + c
-                            ///< (plain order, see awq_zeros_to_marlin), or nullptr
-  const void* bias;         ///< [N] activation dtype, or nullptr
-  float* partials;          ///< split-K scratch [splits, M, N] fp32 (splits > 1 only)
-  int32_t* counters;        ///< split-K tile counters, zero on entry, zero again on exit
-  int64_t num_counters;     ///< capacity of counters
+  void* out;             ///< [M, N], row stride ldc (elements), activation dtype
+  const void* a;         ///< [M, K], row stride lda (elements, multiple of 8), 16-byte aligned
+  const int32_t* b;      ///< packed [K / 16, 2 * N]
+  const void* scales;    ///< [K / group_size, N] contiguous, activation dtype
+  const int32_t* zeros;  ///< [K / group_size, N / 8] nibble c of word j = column 8j + c
+                         ///< (plain order, see awq_zeros_to_marlin), or nullptr
+  const void* bias;      ///< [N] activation dtype, or nullptr
+  float* partials;       ///< split-K scratch [splits, M, N] fp32 (splits > 1 only)
+  int32_t* counters;     ///< split-K tile counters, zero on entry, zero again on exit
+  int64_t num_counters;  ///< capacity of counters
   int64_t m, n, k;
   int64_t lda, ldc;
-  int64_t group_size;       ///< rows per group; k for one group per channel
-  ScalarType dtype;         ///< kFloat16 or kBFloat16
+  int64_t group_size;  ///< rows per group; k for one group per channel
+  ScalarType dtype;    ///< kFloat16 or kBFloat16
   WeightType weight_type;
-  int sm_count;             ///< of the device, for the split heuristic
+  int sm_count;  ///< of the device, for the split heuristic
 };
 
 /// One entry of the thread-block shape grid (codegen/marlin.py SHAPES).
 struct BlockShape {
-  int m_tiles;              ///< m16 tiles per block (block rows = 16 * m_tiles)
-  int n_warps;              ///< warps side by side along n (block columns = 64 * n_warps)
+  int m_tiles;  ///< m16 tiles per block (block rows = 16 * m_tiles)
+  int n_warps;  ///< warps side by side along n (block columns = 64 * n_warps)
 };
 
 /// What the dispatcher chose for a problem, for tests and benchmarks.
 struct GemmPlan {
   BlockShape shape;
-  int splits;               ///< k slices reduced through partials and counters
-  int64_t partial_floats;   ///< floats of scratch the plan needs (0 without split)
+  int splits;              ///< k slices reduced through partials and counters
+  int64_t partial_floats;  ///< floats of scratch the plan needs (0 without split)
 };
 
 }  // namespace aphrodite::marlin

@@ -27,12 +27,12 @@ namespace aphrodite::marlin::detail {
 
 constexpr int kMaxStages = 4;
 constexpr int kDecodeStages = 6;
-constexpr int kMaxSplits = 64;               ///< k slices a plan may split a tile into
+constexpr int kMaxSplits = 64;  ///< k slices a plan may split a tile into
 /// Dynamic shared memory a block may opt into on every target arch (sm_86, sm_89 and sm_120
 /// stop at 99 KiB; sm_80 and sm_90 allow more).
 constexpr int kSmemBudget = 96 * 1024;
-constexpr int kBlockK = 64;                  ///< k per pipeline stage
-constexpr int kKSteps = kBlockK / kTileK;    ///< mma k steps per stage
+constexpr int kBlockK = 64;                ///< k per pipeline stage
+constexpr int kKSteps = kBlockK / kTileK;  ///< mma k steps per stage
 
 template <typename T>
 struct Traits;
@@ -82,10 +82,10 @@ __device__ __forceinline__ uint64_t evict_first_policy() {
 __device__ __forceinline__ void cp_async16_hint(void* dst, const void* src, bool valid,
                                                 uint64_t policy) {
   const int src_bytes = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(
-                   smem_addr(dst)),
-               "l"(src), "r"(src_bytes), "l"(policy)
-               : "memory");
+  asm volatile(
+      "cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(smem_addr(dst)),
+      "l"(src), "r"(src_bytes), "l"(policy)
+      : "memory");
 }
 
 __device__ __forceinline__ void cp_async_commit() {
@@ -118,8 +118,7 @@ __device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4],
 template <>
 __device__ __forceinline__ void mma_16816<__half>(float (&c)[4], const uint32_t (&a)[4],
                                                   uint32_t b0, uint32_t b1) {
-  asm(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
       "{%8, %9}, {%0, %1, %2, %3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
@@ -128,8 +127,7 @@ __device__ __forceinline__ void mma_16816<__half>(float (&c)[4], const uint32_t 
 template <>
 __device__ __forceinline__ void mma_16816<__nv_bfloat16>(float (&c)[4], const uint32_t (&a)[4],
                                                          uint32_t b0, uint32_t b1) {
-  asm(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
       "{%8, %9}, {%0, %1, %2, %3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
@@ -152,7 +150,7 @@ struct Config {
   static constexpr int kBlockN = kTileN * kNWarps;
   static constexpr int kABytes = kBlockM * kBlockK * 2;
   static constexpr int kBBytes = kKSteps * kNWarps * kTileWords * 4;
-  static constexpr int kSBytes = kGrouped ? 2 * kBlockN * 2 : 0;           // 2 scale rows
+  static constexpr int kSBytes = kGrouped ? 2 * kBlockN * 2 : 0;  // 2 scale rows
   static constexpr bool kZeros = kWeight == WeightType::kUint4;
   static constexpr int kZBytes = (kGrouped && kZeros) ? 2 * kBlockN / 2 : 0;  // 2 zero rows
   static constexpr int kStageBytes = kABytes + kBBytes + kSBytes + kZBytes;
@@ -166,8 +164,7 @@ struct Config {
                                                                            : 3;
   static constexpr int kSmemBytes = kStages * kStageBytes;
   static_assert(kSmemBytes <= kSmemBudget, "a block shape's pipeline must fit every target arch");
-  static_assert(kABytes % 16 == 0 && kBBytes % 16 == 0 && kSBytes % 16 == 0 &&
-                    kZBytes % 16 == 0,
+  static_assert(kABytes % 16 == 0 && kBBytes % 16 == 0 && kSBytes % 16 == 0 && kZBytes % 16 == 0,
                 "stage parts must stay 16-byte aligned");
 };
 
@@ -225,10 +222,10 @@ __global__ void __launch_bounds__(32 * kMWarps * kNWarps)
       const int64_t kt = stage * kKSteps + kk;
       const int64_t nt = blockIdx.x * static_cast<int64_t>(kNWarps) + rem / 32;
       const bool valid = kt < k_tiles_total && nt < n_tiles_total;
-      const int32_t* src =
-          valid ? p.b + kt * 2 * p.n + blockIdx.x * static_cast<int64_t>(kNWarps) * kTileWords +
-                      rem * 4
-                : p.b;
+      const int32_t* src = valid ? p.b + kt * 2 * p.n +
+                                       blockIdx.x * static_cast<int64_t>(kNWarps) * kTileWords +
+                                       rem * 4
+                                 : p.b;
       // One row block of a decode-sized block (the taller ones have no registers to spare for
       // the policy): nothing reads this weight tile again.
       if (C::kBlockM <= 32 && gridDim.y == 1) {
@@ -419,8 +416,8 @@ __global__ void __launch_bounds__(32 * kMWarps * kNWarps)
   for_each_pair([&](int64_t row, int64_t col, float, float) {
     float v0 = 0.f, v1 = 0.f;
     for (int z = 0; z < splits; ++z) {  // fixed order: the result does not depend on timing
-      const float2 v = __ldcg(reinterpret_cast<const float2*>(p.partials + (z * p.m + row) * p.n +
-                                                              col));
+      const float2 v =
+          __ldcg(reinterpret_cast<const float2*>(p.partials + (z * p.m + row) * p.n + col));
       v0 += v.x;
       v1 += v.y;
     }
@@ -443,11 +440,10 @@ gpuError_t configure_instance(int* blocks_per_sm) {
   if (err != gpuSuccess) return err;
   int blocks = device < kMaxDevices ? occupancy[device].load(std::memory_order_relaxed) : 0;
   if (blocks == 0) {
-    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               C::kSmemBytes);
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
     if (err != gpuSuccess) return err;
-    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, C::kThreads,
-                                                        C::kSmemBytes);
+    err =
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, C::kThreads, C::kSmemBytes);
     if (err != gpuSuccess) return err;
     if (blocks < 1) blocks = 1;
     if (device < kMaxDevices) occupancy[device].store(blocks, std::memory_order_relaxed);

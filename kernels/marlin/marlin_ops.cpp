@@ -22,8 +22,7 @@ namespace aphrodite {
 namespace {
 
 void check_num_bits(const char* op, int64_t num_bits) {
-  TORCH_CHECK(num_bits == 4, op, ": only num_bits=4 is supported (4-bit weights), got ",
-              num_bits);
+  TORCH_CHECK(num_bits == 4, op, ": only num_bits=4 is supported (4-bit weights), got ", num_bits);
 }
 
 void check_repack_sizes(const char* op, int64_t size_k, int64_t size_n) {
@@ -35,19 +34,21 @@ void check_repack_sizes(const char* op, int64_t size_k, int64_t size_n) {
 
 void check_int32_matrix(const char* op, const char* arg, const at::Tensor& t, int64_t rows,
                         int64_t cols) {
-  TORCH_CHECK(t.scalar_type() == at::kInt, op, ": ", arg, " must be int32, got ",
-              t.scalar_type());
+  TORCH_CHECK(t.scalar_type() == at::kInt, op, ": ", arg, " must be int32, got ", t.scalar_type());
   TORCH_CHECK(t.dim() == 2 && t.size(0) == rows && t.size(1) == cols, op, ": ", arg,
               " must have shape [", rows, ", ", cols, "], got ", t.sizes());
   TORCH_CHECK(t.is_contiguous(), op, ": ", arg, " must be contiguous");
 }
 
-at::Tensor run_repack(const char* op, const at::Tensor& in, const at::Tensor& perm,
-                      int64_t size_k, int64_t size_n, marlin::SourceFormat format) {
+at::Tensor run_repack(const char* op, const at::Tensor& in, const at::Tensor& perm, int64_t size_k,
+                      int64_t size_n, marlin::SourceFormat format) {
   at::Tensor out = at::empty({size_k / marlin::kTileK, 2 * size_n}, in.options());
-  const marlin::RepackProblem p{out.data_ptr<int32_t>(), in.data_ptr<int32_t>(),
-                                perm.defined() ? perm.data_ptr<int32_t>() : nullptr, size_k,
-                                size_n, format};
+  const marlin::RepackProblem p{out.data_ptr<int32_t>(),
+                                in.data_ptr<int32_t>(),
+                                perm.defined() ? perm.data_ptr<int32_t>() : nullptr,
+                                size_k,
+                                size_n,
+                                format};
 #if APHRODITE_FAMILY_BUILT
 #if defined(APHRODITE_BACKEND_CPU)
   TORCH_CHECK(cpu::active_isa().error.empty(), op, ": ", cpu::active_isa().error);
@@ -69,8 +70,8 @@ at::Tensor run_repack(const char* op, const at::Tensor& in, const at::Tensor& pe
   return out;
 }
 
-at::Tensor gptq_marlin_repack(const at::Tensor& b_q_weight, const at::Tensor& perm,
-                              int64_t size_k, int64_t size_n, int64_t num_bits) {
+at::Tensor gptq_marlin_repack(const at::Tensor& b_q_weight, const at::Tensor& perm, int64_t size_k,
+                              int64_t size_n, int64_t num_bits) {
   constexpr const char* op = "gptq_marlin_repack";
   check_num_bits(op, num_bits);
   check_repack_sizes(op, size_k, size_n);
@@ -111,10 +112,10 @@ marlin::GemmPlan plan_for(const char* op, const marlin::GemmProblem& p) {
   int rows = 0, cols = 0, splits = 0;
   char tail = 0;
   const int fields = std::sscanf(forced, "m%dn%d:%d%c", &rows, &cols, &splits, &tail);
-  TORCH_CHECK((fields == 2 || fields == 3) && rows > 0 && rows % 16 == 0 && cols > 0 &&
-                  cols % 64 == 0,
-              op, ": APHRODITE_MARLIN_CONFIG='", forced, "' is not 'm<rows>n<cols>[:<splits>]' ",
-              "(e.g. m16n256:4)");
+  TORCH_CHECK(
+      (fields == 2 || fields == 3) && rows > 0 && rows % 16 == 0 && cols > 0 && cols % 64 == 0, op,
+      ": APHRODITE_MARLIN_CONFIG='", forced, "' is not 'm<rows>n<cols>[:<splits>]' ",
+      "(e.g. m16n256:4)");
   const marlin::GemmPlan plan =
       marlin::plan_gemm_with(p, marlin::BlockShape{rows / 16, cols / 64}, splits);
   TORCH_CHECK(plan.shape.m_tiles != 0, op, ": APHRODITE_MARLIN_CONFIG='", forced,
@@ -123,17 +124,13 @@ marlin::GemmPlan plan_for(const char* op, const marlin::GemmProblem& p) {
 }
 #endif
 
-at::Tensor gptq_marlin_gemm(const at::Tensor& a, const std::optional<at::Tensor>& c_or_none,
-                            const at::Tensor& b_q_weight,
-                            const std::optional<at::Tensor>& b_bias_or_none,
-                            const at::Tensor& b_scales,
-                            const std::optional<at::Tensor>& global_scale,
-                            const std::optional<at::Tensor>& b_zeros_or_none,
-                            const std::optional<at::Tensor>& g_idx_or_none,
-                            const std::optional<at::Tensor>& perm_or_none,
-                            const at::Tensor& workspace, int64_t b_q_type, int64_t size_m,
-                            int64_t size_n, int64_t size_k, bool is_k_full, bool use_atomic_add,
-                            bool use_fp32_reduce, bool is_zp_float) {
+at::Tensor gptq_marlin_gemm(
+    const at::Tensor& a, const std::optional<at::Tensor>& c_or_none, const at::Tensor& b_q_weight,
+    const std::optional<at::Tensor>& b_bias_or_none, const at::Tensor& b_scales,
+    const std::optional<at::Tensor>& global_scale, const std::optional<at::Tensor>& b_zeros_or_none,
+    const std::optional<at::Tensor>& g_idx_or_none, const std::optional<at::Tensor>& perm_or_none,
+    const at::Tensor& workspace, int64_t b_q_type, int64_t size_m, int64_t size_n, int64_t size_k,
+    bool is_k_full, bool use_atomic_add, bool use_fp32_reduce, bool is_zp_float) {
   constexpr const char* op = "gptq_marlin_gemm";
   // use_atomic_add and use_fp32_reduce are hints: we always reduce split-K partials in fp32,
   // in a fixed order.
@@ -154,7 +151,8 @@ at::Tensor gptq_marlin_gemm(const at::Tensor& a, const std::optional<at::Tensor>
               "returns its output); pass None");
   TORCH_CHECK(!global_scale.has_value(), op, ": global_scale (NVFP4 weights) is not supported; ",
               "pass None");
-  TORCH_CHECK(!is_zp_float, op, ": is_zp_float=True (floating-point zero points) is not "
+  TORCH_CHECK(!is_zp_float, op,
+              ": is_zp_float=True (floating-point zero points) is not "
               "supported; zero points are 4-bit codes");
   marlin::WeightType weight_type;
   if (b_q_type == marlin::kVllmUint4b8Id) {
@@ -175,8 +173,8 @@ at::Tensor gptq_marlin_gemm(const at::Tensor& a, const std::optional<at::Tensor>
               "multiple of ", marlin::kTileK, ", got ", size_k);
   TORCH_CHECK(size_n > 0 && size_n % marlin::kTileN == 0, op, ": size_n must be a positive ",
               "multiple of ", marlin::kTileN, ", got ", size_n);
-  check_int32_matrix(op, "b_q_weight (packed by gptq_marlin_repack/awq_marlin_repack)",
-                     b_q_weight, size_k / marlin::kTileK, 2 * size_n);
+  check_int32_matrix(op, "b_q_weight (packed by gptq_marlin_repack/awq_marlin_repack)", b_q_weight,
+                     size_k / marlin::kTileK, 2 * size_n);
   check_same_device(op, "b_q_weight", b_q_weight, a);
 
   TORCH_CHECK(b_scales.dim() == 2 && b_scales.size(1) == size_n && b_scales.size(0) >= 1, op,
@@ -237,14 +235,15 @@ at::Tensor gptq_marlin_gemm(const at::Tensor& a, const std::optional<at::Tensor>
   const int64_t lda = a_in.size(0) > 1 ? a_in.stride(0) : size_k;
   TORCH_CHECK(lda % 8 == 0 && reinterpret_cast<uintptr_t>(a_in.data_ptr()) % 16 == 0, op,
               ": a must be 16-byte aligned with a row stride that is a multiple of 8, got "
-              "stride ", lda);
+              "stride ",
+              lda);
 
   for (const at::Tensor* t : {&b_q_weight, &b_scales}) {
     TORCH_CHECK(reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 == 0, op,
                 ": b_q_weight and b_scales must be 16-byte aligned (copied in 16-byte vectors)");
   }
-  TORCH_CHECK(!has_zeros || reinterpret_cast<uintptr_t>(b_zeros_or_none->data_ptr()) % 16 == 0,
-              op, ": b_zeros_or_none must be 16-byte aligned (copied in 16-byte vectors)");
+  TORCH_CHECK(!has_zeros || reinterpret_cast<uintptr_t>(b_zeros_or_none->data_ptr()) % 16 == 0, op,
+              ": b_zeros_or_none must be 16-byte aligned (copied in 16-byte vectors)");
   TORCH_CHECK(workspace.scalar_type() == at::kInt, op, ": workspace must be int32 (zeros), got ",
               workspace.scalar_type());
   check_same_device(op, "workspace", workspace, a);
@@ -317,8 +316,7 @@ at::Tensor awq_marlin_repack_fake(const at::Tensor& b_q_weight, c10::SymInt size
 at::Tensor gptq_marlin_gemm_fake(const at::Tensor& a, const std::optional<at::Tensor>&,
                                  const at::Tensor&, const std::optional<at::Tensor>&,
                                  const at::Tensor&, const std::optional<at::Tensor>&,
-                                 const std::optional<at::Tensor>&,
-                                 const std::optional<at::Tensor>&,
+                                 const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
                                  const std::optional<at::Tensor>&, const at::Tensor&, int64_t,
                                  c10::SymInt size_m, c10::SymInt size_n, c10::SymInt, bool, bool,
                                  bool, bool) {

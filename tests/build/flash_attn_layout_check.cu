@@ -17,11 +17,15 @@ int check() {
     auto cC = thr.partition_C(make_identity_tensor(Shape<Int<T::kBlockM>, Int<T::kBlockN>>{}));
     auto cA = thr.partition_A(make_identity_tensor(Shape<Int<T::kBlockM>, Int<T::kBlockN>>{}));
     auto cCA = make_tensor(cC.data(), aphrodite::flash_attn::detail::acc_as_a(cC.layout()));
-    if (size(cCA) != size(cA)) { printf("size mismatch\n"); return 1; }
+    if (size(cCA) != size(cA)) {
+      printf("size mismatch\n");
+      return 1;
+    }
     for (int i = 0; i < size(cA); ++i) {
       if (get<0>(cCA(i)) != get<0>(cA(i)) || get<1>(cCA(i)) != get<1>(cA(i))) {
-        if (bad++ < 5) printf("t%d i%d: C->A (%d,%d) vs A (%d,%d)\n", t, i, (int)get<0>(cCA(i)),
-                             (int)get<1>(cCA(i)), (int)get<0>(cA(i)), (int)get<1>(cA(i)));
+        if (bad++ < 5)
+          printf("t%d i%d: C->A (%d,%d) vs A (%d,%d)\n", t, i, (int)get<0>(cCA(i)),
+                 (int)get<1>(cCA(i)), (int)get<0>(cA(i)), (int)get<1>(cA(i)));
       }
     }
     auto rc = make_tensor(cC.data(), aphrodite::flash_attn::detail::acc_rowcol(cC.layout()));
@@ -39,7 +43,8 @@ int check() {
     auto cO = thr.partition_C(make_identity_tensor(Shape<Int<T::kBlockM>, Int<D>>{}));
     auto orc = make_tensor(cO.data(), aphrodite::flash_attn::detail::acc_rowcol(cO.layout()));
     if (size<0>(orc) != size<0>(rc)) bad++;
-    for (int r = 0; r < size<0>(rc); ++r) if (get<0>(orc(r, 0)) != get<0>(rc(r, 0))) bad++;
+    for (int r = 0; r < size<0>(rc); ++r)
+      if (get<0>(orc(r, 0)) != get<0>(rc(r, 0))) bad++;
     // The lane holding column 0 writes the LSE.
     if ((get<1>(orc(0, 0)) == 0) != (t % 4 == 0)) bad++;
     // P V's B operand: K index of V^T fragment k-block j covers keys 16j..16j+15, as A's does.
