@@ -18,14 +18,28 @@ import torch
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
+_FLUSH: list[torch.Tensor] = []
+
+
+def _flush_buffer() -> torch.Tensor:
+    if not _FLUSH:
+        _FLUSH.append(torch.empty(64 * 2**20, dtype=torch.float32, device="cuda"))
+    return _FLUSH[0]
+
+
 def median_ms(fn, device: str, warmup: int = 10, reps: int = 100) -> float:
     for _ in range(warmup):
         fn()
     if device == "cuda":
+        # Before each timed call the GPU gets 256 MiB to clear (longer than the call's host-side
+        # work takes to launch it, and five times the L2 of the GPUs we measure on): the events
+        # then time the kernels alone, not the host's launch latency, from a cold L2.
+        flush = _flush_buffer()
         torch.cuda.synchronize()
         times = []
         for _ in range(reps):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            flush.zero_()
             start.record()
             fn()
             end.record()

@@ -12,7 +12,10 @@ Options (APHRODITE_GENERATOR_OPTIONS="paged_attention.head_sizes=128;paged_atten
   min_blocks   1..8: resident 128-thread blocks per SM the regs kernel is compiled for
                (__launch_bounds__; default 1 = no register cap, 3 caps at 168 registers, 4 at
                128); a tuning knob, so that builds can be measured against each other
-  kernel       staged (default) or regs: the attention kernel that the launchers run.
+  kernel       mma (default), staged or regs: the attention kernel that the launchers run.
+               mma runs fp16/bf16 queries over caches of the same dtype on sm_80+ with
+               tensor cores (paged_attention_mma_kernel, kernels/attention/
+               paged_attention_mma.cuh) and everything else (fp32, fp8 caches) as staged;
                staged copies K and V into a shared-memory ring with cp.async
                (paged_attention_staged_kernel; CUDA only: rocm builds run regs); regs loads
                them into registers (paged_attention_kernel, the first kernel). On an H100
@@ -72,6 +75,7 @@ class Grid:
     xl: bool
     min_blocks: int
     staged: bool
+    mma: bool
 
 
 def switch(request: common.Request, key: str, default: bool) -> bool:
@@ -91,9 +95,9 @@ def min_blocks(request: common.Request) -> int:
 
 
 def kernel(request: common.Request) -> str:
-    value = request.options.get("kernel", "staged")
-    if value not in ("regs", "staged"):
-        raise SystemExit(f"generator option kernel={value!r}: expected regs or staged")
+    value = request.options.get("kernel", "mma")
+    if value not in ("regs", "staged", "mma"):
+        raise SystemExit(f"generator option kernel={value!r}: expected mma, staged or regs")
     return value
 
 
@@ -113,7 +117,8 @@ def grid(request: common.Request) -> Grid:
         caches=[c for c in CACHES if c.name == "auto" or fp8],
         xl=switch(request, "xl", True),
         min_blocks=min_blocks(request),
-        staged=kernel(request) == "staged" and backend == "cuda",
+        staged=kernel(request) in ("staged", "mma") and backend == "cuda",
+        mma=kernel(request) == "mma" and backend == "cuda",
     )
 
 
@@ -132,6 +137,7 @@ def render(request: common.Request) -> dict[str, str]:
                 caches=g.caches,
                 min_blocks=g.min_blocks,
                 staged=g.staged,
+                mma=g.mma,
             )
     files["paged_attention_dispatch.cu"] = env.get_template(TEMPLATES[1]).render(
         banner=common.banner(Path(__file__), TEMPLATES[1]), grid=g

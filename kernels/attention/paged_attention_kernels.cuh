@@ -20,8 +20,11 @@
 //   directly and skipped by the reduce. v2 is the fast path for long contexts or small batches.
 // - Two kernels implement this: paged_attention_kernel loads K and V into registers (209-245 of
 //   them a thread at head size 128: 8 warps an SM, too few loads in flight to fill an H100's
-//   memory system); paged_attention_staged_kernel (the default, below) stages them through a
-//   shared-memory ring with cp.async. The generator option paged_attention.kernel picks one.
+//   memory system); paged_attention_staged_kernel (below) stages them through a shared-memory
+//   ring with cp.async. Both spend about 18 instructions per KV element on CUDA cores, so the
+//   default build (paged_attention.kernel=mma) runs fp16/bf16 over same-dtype caches with the
+//   tensor-core kernel of paged_attention_mma.cuh and keeps staged for fp32 and fp8 caches.
+//   paged_attention_launch.cuh picks the kernel.
 // Torch-free.
 #pragma once
 
@@ -958,75 +961,5 @@ __global__ void __launch_bounds__(kThreads, 3)  // 3 blocks an SM: what the ring
 }
 
 }  // namespace detail
-
-/// @brief Launches the attention kernel of one (T, CacheT, head size, block size) for `p`
-/// (v1 when `scratch` is nullptr, else v2's split step; the reduce is launched by the caller).
-/// Picks kG (query heads per block) from the GQA group size. Returns the launch's error code.
-template <typename T, typename CacheT, int kHead, int kBS>
-gpuError_t paged_attention_run(const PagedAttentionProblem& p,
-                               const PagedAttentionV2Scratch* scratch, gpuStream_t stream) {
-  const int64_t group = p.num_heads / p.num_kv_heads;
-  detail::Launch l{};
-  int64_t partitions = 1;
-  if (scratch != nullptr) {
-    l.exp_sums = scratch->exp_sums;
-    l.max_logits = scratch->max_logits;
-    l.tmp_out = scratch->tmp_out;
-    l.max_num_partitions = scratch->max_num_partitions;
-    l.partition_size = scratch->partition_size;
-    partitions = scratch->max_num_partitions;
-  } else {
-    l.partition_size = int64_t{1} << 40;  // one partition, whatever max_seq_len says
-  }
-  const unsigned grid_z =
-      static_cast<unsigned>(p.num_seqs < detail::kMaxGridZ ? p.num_seqs : detail::kMaxGridZ);
-  auto launch = [&](auto kernel, int kG, int smem) {
-    l.num_splits = static_cast<int>((group + kG - 1) / kG);
-    const dim3 grid(static_cast<unsigned>(p.num_kv_heads * l.num_splits),
-                    static_cast<unsigned>(partitions), grid_z);
-#if APHRODITE_PAGED_ATTENTION_STAGED
-    // Dynamic shared memory past 48 KiB must be allowed per kernel (on the current device).
-    const gpuError_t e =
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (e != gpuSuccess) return e;
-#endif
-    kernel<<<grid, detail::kThreads, smem, stream>>>(p, l);
-    return gpuGetLastError();
-  };
-#if APHRODITE_PAGED_ATTENTION_STAGED
-  // paged_attention.kernel=staged: K and V staged through a shared-memory ring (see above).
-  const int ring = detail::StagedShape<T, CacheT, kHead, kBS, 1>::kRingBytes;
-  if (group <= 1) {
-    return launch(detail::paged_attention_staged_kernel<T, CacheT, kHead, kBS, 1>, 1, ring);
-  }
-  if (group <= 4) {
-    return launch(detail::paged_attention_staged_kernel<T, CacheT, kHead, kBS, 4>, 4, ring);
-  }
-  return launch(detail::paged_attention_staged_kernel<T, CacheT, kHead, kBS, 8>, 8, ring);
-#else
-  // Group sizes 2 and 3 take the kG = 4 kernel (idle heads cost compute, not bandwidth): one
-  // instantiation fewer per file keeps the build's compile time down.
-  if (group <= 1) return launch(detail::paged_attention_kernel<T, CacheT, kHead, kBS, 1>, 1, 0);
-  if (group <= 4) return launch(detail::paged_attention_kernel<T, CacheT, kHead, kBS, 4>, 4, 0);
-  return launch(detail::paged_attention_kernel<T, CacheT, kHead, kBS, 8>, 8, 0);
-#endif
-}
-
-/// @brief Launches v2's reduce for query element T.
-template <typename T>
-gpuError_t paged_attention_reduce(const PagedAttentionProblem& p,
-                                  const PagedAttentionV2Scratch& scratch, gpuStream_t stream) {
-  detail::Launch l{};
-  l.exp_sums = scratch.exp_sums;
-  l.max_logits = scratch.max_logits;
-  l.tmp_out = scratch.tmp_out;
-  l.max_num_partitions = scratch.max_num_partitions;
-  l.partition_size = scratch.partition_size;
-  const unsigned grid_z =
-      static_cast<unsigned>(p.num_seqs < detail::kMaxGridZ ? p.num_seqs : detail::kMaxGridZ);
-  const dim3 grid(static_cast<unsigned>(p.num_heads), 1, grid_z);
-  detail::paged_attention_reduce_kernel<T><<<grid, detail::kReduceThreads, 0, stream>>>(p, l);
-  return gpuGetLastError();
-}
 
 }  // namespace aphrodite::attention

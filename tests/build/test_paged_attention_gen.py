@@ -91,7 +91,7 @@ def test_min_blocks_sets_the_launch_bounds_minimum(tmp_path):
     inst = (tmp_path / "o" / "paged_attention_bf16_h128.cu").read_text()
     assert f"{define} 3\n" in inst
     assert define + " 3\n" in (tmp_path / "o" / "paged_attention_dispatch.cu").read_text()
-    assert inst.index(define) < inst.index('#include "attention/paged_attention_kernels.cuh"')
+    assert inst.index(define) < inst.index('#include "attention/paged_attention_launch.cuh"')
 
 
 def test_kernel_option_picks_the_attention_kernel(tmp_path):
@@ -106,9 +106,13 @@ def test_kernel_option_picks_the_attention_kernel(tmp_path):
             for f in ("paged_attention_bf16_h128.cu", "paged_attention_dispatch.cu")
         ]
 
-    assert all(define in f for f in files())  # staged by default
-    assert all(define in f for f in files("kernel=staged"))
-    assert not any(define in f for f in files("kernel=regs"))
+    mma = "#define APHRODITE_PAGED_ATTENTION_MMA 1"
+    # mma by default: the tensor-core kernel, with staged for what it does not serve.
+    assert all(define in f and mma in f for f in files())
+    assert all(define in f and mma in f for f in files("kernel=mma"))
+    assert all(define in f and mma not in f for f in files("kernel=staged"))
+    assert not any(define in f or mma in f for f in files("kernel=regs"))
+    assert not any(define in f or mma in f for f in files("kernel=mma", "backend=rocm"))
     assert not any(define in f for f in files("kernel=staged", "backend=rocm"))
 
 

@@ -22,8 +22,9 @@ from aphrodite_ext.ops.paged_attention import (
 TOL = {torch.float32: (1e-4, 1e-4), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}
 HEAD_SIZES = [64, 80, 96, 112, 128, 192, 256]
 BLOCK_SIZES = [8, 16, 32]
-# (num_heads, num_kv_heads): MHA, GQA 4, GQA 8, MQA.
-GROUPS = [(4, 4), (8, 2), (16, 2), (6, 1)]
+# (num_heads, num_kv_heads): MHA, GQA 4, GQA 8, MQA, and a group of 17 (more query heads than
+# one thread block of the tensor-core kernel serves: 16 and 1).
+GROUPS = [(4, 4), (8, 2), (16, 2), (6, 1), (34, 2)]
 # Lengths of one batch: a single token, an empty sequence, not multiples of any block size,
 # more than one v2 partition.
 SEQ_LENS = [1, 0, 7, 83, 517, 1100]

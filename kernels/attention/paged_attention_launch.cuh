@@ -1,0 +1,117 @@
+// The launchers of the paged_attention kernels: paged_attention_run picks the attention kernel
+// for one (query dtype, cache dtype, head size, block size) and launches it; the generated
+// per-(dtype, head size) files instantiate it. Torch-free.
+#pragma once
+
+#include <type_traits>
+
+#include "attention/paged_attention_kernels.cuh"
+#include "attention/paged_attention_mma.cuh"
+
+/// 1: 16-bit queries over same-dtype caches run paged_attention_mma_kernel (generator option
+/// paged_attention.kernel=mma, the default; CUDA only); the rest runs staged (which the
+/// generator also sets).
+#if !defined(APHRODITE_PAGED_ATTENTION_MMA) || !APHRODITE_PAGED_ATTENTION_STAGED
+#undef APHRODITE_PAGED_ATTENTION_MMA
+#define APHRODITE_PAGED_ATTENTION_MMA 0
+#endif
+
+namespace aphrodite::attention {
+#if APHRODITE_PAGED_ATTENTION_MMA
+namespace detail {
+
+/// The current device's compute capability major (the mma kernel needs 8 or more).
+inline int device_major() {
+  int dev = 0, major = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+    return 0;
+  }
+  return major;
+}
+
+}  // namespace detail
+#endif
+
+/// @brief Launches the attention kernel of one (T, CacheT, head size, block size) for `p`
+/// (v1 when `scratch` is nullptr, else v2's split step; the reduce is launched by the caller).
+/// Picks kG (query heads per block) from the GQA group size. Returns the launch's error code.
+template <typename T, typename CacheT, int kHead, int kBS>
+gpuError_t paged_attention_run(const PagedAttentionProblem& p,
+                               const PagedAttentionV2Scratch* scratch, gpuStream_t stream) {
+  const int64_t group = p.num_heads / p.num_kv_heads;
+  detail::Launch l{};
+  int64_t partitions = 1;
+  if (scratch != nullptr) {
+    l.exp_sums = scratch->exp_sums;
+    l.max_logits = scratch->max_logits;
+    l.tmp_out = scratch->tmp_out;
+    l.max_num_partitions = scratch->max_num_partitions;
+    l.partition_size = scratch->partition_size;
+    partitions = scratch->max_num_partitions;
+  } else {
+    l.partition_size = int64_t{1} << 40;  // one partition, whatever max_seq_len says
+  }
+  const unsigned grid_z =
+      static_cast<unsigned>(p.num_seqs < detail::kMaxGridZ ? p.num_seqs : detail::kMaxGridZ);
+  auto launch = [&](auto kernel, int kG, int smem) {
+    l.num_splits = static_cast<int>((group + kG - 1) / kG);
+    const dim3 grid(static_cast<unsigned>(p.num_kv_heads * l.num_splits),
+                    static_cast<unsigned>(partitions), grid_z);
+#if APHRODITE_PAGED_ATTENTION_STAGED
+    // Dynamic shared memory past 48 KiB must be allowed per kernel (on the current device).
+    const gpuError_t e =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (e != gpuSuccess) return e;
+#endif
+    kernel<<<grid, detail::kThreads, smem, stream>>>(p, l);
+    return gpuGetLastError();
+  };
+#if APHRODITE_PAGED_ATTENTION_MMA
+  // paged_attention.kernel=mma: the tensor-core kernel for 16-bit queries over caches of the
+  // same dtype, on sm_80+ and for partitions of whole steps; everything else runs staged.
+  if constexpr (std::is_same_v<T, CacheT> && !std::is_same_v<T, float> && kHead % 16 == 0) {
+    using M = detail::MmaShape<T, kHead, kBS>;
+    if (l.partition_size % M::kU == 0 && detail::device_major() >= 8) {
+      return launch(detail::paged_attention_mma_kernel<T, kHead, kBS>, detail::kMmaRows,
+                    M::kSmemBytes);
+    }
+  }
+#endif
+#if APHRODITE_PAGED_ATTENTION_STAGED
+  // paged_attention.kernel=staged: K and V staged through a shared-memory ring (see above).
+  const int ring = detail::StagedShape<T, CacheT, kHead, kBS, 1>::kRingBytes;
+  if (group <= 1) {
+    return launch(detail::paged_attention_staged_kernel<T, CacheT, kHead, kBS, 1>, 1, ring);
+  }
+  if (group <= 4) {
+    return launch(detail::paged_attention_staged_kernel<T, CacheT, kHead, kBS, 4>, 4, ring);
+  }
+  return launch(detail::paged_attention_staged_kernel<T, CacheT, kHead, kBS, 8>, 8, ring);
+#else
+  // Group sizes 2 and 3 take the kG = 4 kernel (idle heads cost compute, not bandwidth): one
+  // instantiation fewer per file keeps the build's compile time down.
+  if (group <= 1) return launch(detail::paged_attention_kernel<T, CacheT, kHead, kBS, 1>, 1, 0);
+  if (group <= 4) return launch(detail::paged_attention_kernel<T, CacheT, kHead, kBS, 4>, 4, 0);
+  return launch(detail::paged_attention_kernel<T, CacheT, kHead, kBS, 8>, 8, 0);
+#endif
+}
+
+/// @brief Launches v2's reduce for query element T.
+template <typename T>
+gpuError_t paged_attention_reduce(const PagedAttentionProblem& p,
+                                  const PagedAttentionV2Scratch& scratch, gpuStream_t stream) {
+  detail::Launch l{};
+  l.exp_sums = scratch.exp_sums;
+  l.max_logits = scratch.max_logits;
+  l.tmp_out = scratch.tmp_out;
+  l.max_num_partitions = scratch.max_num_partitions;
+  l.partition_size = scratch.partition_size;
+  const unsigned grid_z =
+      static_cast<unsigned>(p.num_seqs < detail::kMaxGridZ ? p.num_seqs : detail::kMaxGridZ);
+  const dim3 grid(static_cast<unsigned>(p.num_heads), 1, grid_z);
+  detail::paged_attention_reduce_kernel<T><<<grid, detail::kReduceThreads, 0, stream>>>(p, l);
+  return gpuGetLastError();
+}
+
+}  // namespace aphrodite::attention

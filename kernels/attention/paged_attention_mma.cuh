@@ -1,0 +1,406 @@
+// The tensor-core decode kernel of paged_attention.h (16-bit queries and caches of the same
+// dtype, sm_80+): the generator's default, kernel=mma. Torch-free.
+//
+// Why: the CUDA-core kernels spend about 18 instructions per KV element (conversions, shared
+// q reads, fp32 FMAs for every head of the group) and issue-bound an H100 at half its memory
+// bandwidth. mma.sync m16n8k16 does the same work in well under one instruction per element.
+//
+// Design:
+// - One thread block of 4 warps per (sequence, kv head, group split of up to 16 query heads,
+//   v2 partition). The query heads are the mma's 16 rows (rows past the group are zeros: idle
+//   tensor-core rows cost nothing the memory system notices).
+// - Each warp owns every 4th step of kU tokens (16, or a whole block of 32) of the partition and
+//   runs its own pipeline: its lanes cp.async the step's K and V cache blocks (kHead * kBS
+//   contiguous elements each, copied as they are) into the warp's private ring of kSlots slots,
+//   kSlots - 1 slots ahead of its compute. Only __syncwarp orders the ring: no block barrier in
+//   the main loop.
+// - Per step: S[16 heads, kU tokens] = Q K^T (ldmatrix of the key block layout [head / 8,
+//   block, 8] gives the B operand directly: 8 tokens x 8 dimensions are 128 contiguous bytes),
+//   an online softmax per warp in fp32 (base 2, scale folded in), P rounded to the input dtype
+//   as the A operand of O += P V (the value layout [head, block] is the B operand as stored).
+// - At the end the 4 warps' (max, sum, O) are combined through shared memory (reusing the ring)
+//   and written to `out` (v1, or a sequence that fits one partition) or v2's scratch.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "attention/paged_attention_kernels.cuh"
+
+namespace aphrodite::attention::detail {
+
+#if !defined(USE_ROCM)
+
+/// Bytes of ring a warp aims at (kSlots is clamped to [2, kMmaMaxSlots] around it). On an H100
+/// (bf16, head 128, block 16, GQA 32/8, batch 32) 24 KiB against 16 KiB a warp, and a cap of
+/// 168 registers (3 blocks an SM) against none (184 registers, 2 blocks), were within 3% of
+/// each other; batch 1 at 65536 tokens (v2) took 0.134 ms in three of the four builds, 0.187 ms
+/// in the fourth (16 KiB, no cap).
+inline constexpr int kMmaWarpRingBytes = 24576;
+inline constexpr int kMmaMaxSlots = 6;
+/// Query heads per thread block: the mma's M.
+inline constexpr int kMmaRows = 16;
+
+template <typename T, int kHead, int kBS>
+struct MmaShape {
+  static_assert(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>, "16-bit only");
+  static_assert(kHead % 16 == 0, "head size must be a multiple of 16");
+  static_assert(kBS % 8 == 0, "block size must be a multiple of 8");
+  static constexpr int kU = cmax(16, kBS);       ///< tokens of one warp step
+  static constexpr int kNT = kU / 8;             ///< S tiles (8 tokens each) of a step
+  static constexpr int kKS = kHead / 16;         ///< k steps of Q K^T
+  static constexpr int kDT = kHead / 8;          ///< O tiles (8 dimensions each)
+  static constexpr int kBlkElems = kHead * kBS;  ///< one kv head's cache block
+  static constexpr int kBlk16 = kBlkElems / 8;   ///< its 16-byte pieces
+  static constexpr int kSlotElems = kU * kHead;  ///< one step of K or of V
+  static constexpr int kSlotBytes = kSlotElems * 2;
+  static constexpr int kSlots = cmin(kMmaMaxSlots, cmax(2, kMmaWarpRingBytes / kSlotBytes));
+  static constexpr int kCopyIters = kSlotElems / 8 / kWarp;  ///< 16-byte copies per lane
+  static_assert(kSlotElems % (8 * kWarp) == 0, "a slot is whole rounds of warp copies");
+  static constexpr int kQStride = kHead + 8;  ///< q row in shared memory: padded, no conflicts
+  static constexpr int kRingBytes = kWarps * kSlots * kSlotBytes;
+  static constexpr int kCombineBytes = kWarps * kMmaRows * kHead * 4;
+  static constexpr int kSmemBytes = cmax(kRingBytes, kCombineBytes);
+};
+
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+/// Two 8x8 b16 matrices; lanes 0-7 give the rows of the first, lanes 8-15 of the second.
+__device__ __forceinline__ void ldmatrix_x2(uint32_t& r0, uint32_t& r1, const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
+               : "=r"(r0), "=r"(r1)
+               : "r"(smem_addr(p)));
+}
+
+/// Four 8x8 b16 matrices; lanes 8i to 8i + 7 give the rows of matrix i.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+
+/// c += a b for one m16n8k16 tile, fp32 accumulators.
+template <typename T>
+__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                          uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+#endif
+}
+
+/// Two floats as a pair of T in one register (lo in the low half).
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  uint32_t r;
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    r = *reinterpret_cast<const uint32_t*>(&v);
+  } else {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    r = *reinterpret_cast<const uint32_t*>(&v);
+  }
+  return r;
+}
+
+/// One thread block: sequence blockIdx.z (+ k * gridDim.z), kv head blockIdx.x / num_splits,
+/// query heads [split * 16, ...) of its group, tokens of partition blockIdx.y.
+template <typename T, int kHead, int kBS>
+__global__ void __launch_bounds__(kThreads)
+    paged_attention_mma_kernel(const PagedAttentionProblem p, const Launch l) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  using M = MmaShape<T, kHead, kBS>;
+  constexpr float kLog2e = 1.4426950408889634f;
+  extern __shared__ uint4 smem_raw[];  // the warps' rings, then the combine buffer
+  T* const ring_all = reinterpret_cast<T*>(smem_raw);
+  float* const combine = reinterpret_cast<float*>(smem_raw);
+  __shared__ alignas(16) T q_s[kMmaRows * M::kQStride];
+  __shared__ float m_s[kWarps][kMmaRows], l_s[kWarps][kMmaRows];
+
+  const int tid = threadIdx.x;
+  const int warp = tid / kWarp;
+  const int lane = tid % kWarp;
+  const int group = static_cast<int>(p.num_heads / p.num_kv_heads);
+  const int kvh = static_cast<int>(blockIdx.x) / l.num_splits;
+  const int split = static_cast<int>(blockIdx.x) % l.num_splits;
+  const int head0 = kvh * group + split * kMmaRows;
+  const int ng = cmin(kMmaRows, group - split * kMmaRows);  // heads of this block (>= 1)
+  const bool xl = p.pos_bias_u != nullptr;
+  const bool bias = xl || p.alibi_slopes != nullptr;
+  const T* __restrict__ kc = static_cast<const T*>(p.key_cache);
+  const T* __restrict__ vc = static_cast<const T*>(p.value_cache);
+  T* const ring = ring_all + warp * M::kSlots * M::kSlotElems;
+  const float scale2 = p.scale * kLog2e;
+  // This lane's rows of the mma accumulators (query heads r0 and r0 + 8) and its column pair.
+  const int r0 = lane / 4;
+  const int c2 = 2 * (lane % 4);
+
+  for (int64_t s = blockIdx.z; s < p.num_seqs; s += gridDim.z) {
+    const int seq_len = p.seq_lens[s];
+    const int64_t begin64 = static_cast<int64_t>(blockIdx.y) * l.partition_size;
+    if (begin64 >= seq_len && !(seq_len == 0 && blockIdx.y == 0 && l.exp_sums == nullptr)) {
+      continue;  // an empty partition: the reduce never reads it
+    }
+    const int begin = static_cast<int>(begin64);
+    const int end = static_cast<int>(
+        seq_len < begin64 + l.partition_size ? seq_len : begin64 + l.partition_size);
+    const bool direct = l.exp_sums == nullptr || seq_len <= l.partition_size;
+
+    if (seq_len == 0) {  // v1 only (v2's reduce writes the zeros)
+      for (int i = tid; i < ng * kHead; i += kThreads) {
+        T* o = static_cast<T*>(p.out) + s * p.num_heads * kHead +
+               static_cast<int64_t>(head0 + i / kHead) * kHead + i % kHead;
+        *o = from_float<T>(0.0f);
+      }
+      continue;
+    }
+
+    // q (+ u for XL) of the block's heads in the input dtype; rows past the group are zeros.
+    for (int i = tid; i < kMmaRows * kHead; i += kThreads) {
+      const int g = i / kHead, d = i % kHead;
+      float v = 0.0f;
+      if (g < ng) {
+        const int64_t h = head0 + g;
+        v = to_float(static_cast<const T*>(p.query)[s * p.q_seq_stride + h * p.q_head_stride + d]);
+        if (xl) {
+          v += to_float(
+              static_cast<const T*>(p.pos_bias_u)[s * p.u_seq_stride + h * p.u_head_stride + d]);
+        }
+      }
+      q_s[g * M::kQStride + d] = from_float<T>(v);
+    }
+    __syncthreads();  // q_s is complete; the previous sequence's combine buffer is read
+
+    const int32_t* __restrict__ table = p.block_tables + s * p.block_table_stride;
+    const int nsteps = cdiv(end - begin, M::kU);
+    const int mine = warp < nsteps ? cdiv(nsteps - warp, kWarps) : 0;  // this warp's steps
+    // The producer: item 2i is the K of this warp's step i, item 2i + 1 its V.
+    int pitem = 0, pslot = 0;
+    auto issue = [&]() {
+      if (pitem < 2 * mine) {
+        const int t0 = begin + (warp + kWarps * (pitem >> 1)) * M::kU;
+        const int nblk = cdiv(cmin(M::kU, end - t0), kBS);  // blocks holding tokens < end
+        const T* src0 = ((pitem & 1) ? vc : kc) + kvh * p.kv_head_stride;
+        T* dst0 = ring + pslot * M::kSlotElems;
+#pragma unroll
+        for (int k = 0; k < M::kCopyIters; ++k) {
+          const int i = lane + k * kWarp;
+          const int bb = i / M::kBlk16;
+          const int piece = i % M::kBlk16;
+          if (bb < nblk) {
+            const int64_t phys = table[t0 / kBS + bb];
+            stage_copy16(dst0 + bb * M::kBlkElems + piece * 8,
+                         src0 + phys * p.kv_block_stride + piece * 8);
+          }
+        }
+      }
+      stage_commit();  // empty groups at the end keep the wait counts uniform
+      ++pitem;
+      pslot = pslot + 1 == M::kSlots ? 0 : pslot + 1;
+    };
+    int cslot = 0;
+    // Waits for this lane's copies of the next item, makes every lane's visible to the warp,
+    // then refills the slot the warp finished with.
+    auto next_item = [&]() -> T* {
+      stage_wait<M::kSlots - 2>();
+      __syncwarp();
+      issue();
+      T* slot = ring + cslot * M::kSlotElems;
+      cslot = cslot + 1 == M::kSlots ? 0 : cslot + 1;
+      return slot;
+    };
+#pragma unroll 1
+    for (int i = 0; i + 1 < M::kSlots; ++i) issue();
+
+    float acc[M::kDT][4];
+#pragma unroll
+    for (int i = 0; i < M::kDT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+    float m0 = -INFINITY, m1 = -INFINITY;  // running max (base 2, scaled) of rows r0, r0 + 8
+    float l0 = 0.0f, l1 = 0.0f;            // this lane's share of the running sums
+
+#pragma unroll 1
+    for (int it = 0; it < mine; ++it) {
+      const int tb = begin + (warp + kWarps * it) * M::kU;  // the step's first token
+      // S = Q K^T.
+      const T* ks = next_item();
+      float sc[M::kNT][4];
+#pragma unroll
+      for (int n = 0; n < M::kNT; ++n) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < M::kKS; ++kk) {
+        uint32_t a[4];
+        ldmatrix_x4(a, q_s + (lane % 16) * M::kQStride + kk * 16 + (lane / 16) * 8);
+#pragma unroll
+        for (int n = 0; n < M::kNT; ++n) {
+          const int t = n * 8 + lane % 8;          // token of the step
+          const int dc = 2 * kk + (lane / 8) % 2;  // 8-dimension piece
+          uint32_t b0, b1;
+          ldmatrix_x2(b0, b1, ks + (t / kBS) * M::kBlkElems + (dc * kBS + t % kBS) * 8);
+          mma_16816<T>(sc[n], a, b0, b1);
+        }
+      }
+      // Scale (base 2), biases, the end mask; the row max over the step.
+      float x0 = m0, x1 = m1;
+#pragma unroll
+      for (int n = 0; n < M::kNT; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int row = r0 + (e >= 2 ? 8 : 0);
+          const int j = tb + n * 8 + c2 + (e & 1);  // token within the sequence
+          float v = sc[n][e] * scale2;
+          if (bias && row < ng && j < end) {
+            const int64_t h = head0 + row;
+            float b = 0.0f;
+            if (p.alibi_slopes != nullptr)
+              b = p.alibi_slopes[h] * static_cast<float>(j - seq_len + 1);
+            if (xl) {
+              b += to_float(static_cast<const T*>(
+                  p.matrix_bd)[s * p.bd_seq_stride + h * p.bd_head_stride + j]);
+            }
+            v += b * kLog2e;
+          }
+          v = j < end ? v : -INFINITY;
+          sc[n][e] = v;
+          if (e < 2) {
+            x0 = fmaxf(x0, v);
+          } else {
+            x1 = fmaxf(x1, v);
+          }
+        }
+      }
+      x0 = fmaxf(x0, APHRODITE_SHFL_XOR(x0, 1));
+      x0 = fmaxf(x0, APHRODITE_SHFL_XOR(x0, 2));
+      x1 = fmaxf(x1, APHRODITE_SHFL_XOR(x1, 1));
+      x1 = fmaxf(x1, APHRODITE_SHFL_XOR(x1, 2));
+      // Online softmax: rescale what came before, P = 2^(s - max).
+      const float alpha0 = m0 == -INFINITY ? 0.0f : exp2f(m0 - x0);
+      const float alpha1 = m1 == -INFINITY ? 0.0f : exp2f(m1 - x1);
+      m0 = x0;
+      m1 = x1;
+      const float base0 = x0 == -INFINITY ? 0.0f : x0;
+      const float base1 = x1 == -INFINITY ? 0.0f : x1;
+      float sum0 = 0.0f, sum1 = 0.0f;
+#pragma unroll
+      for (int n = 0; n < M::kNT; ++n) {
+        sc[n][0] = exp2f(sc[n][0] - base0);
+        sc[n][1] = exp2f(sc[n][1] - base0);
+        sc[n][2] = exp2f(sc[n][2] - base1);
+        sc[n][3] = exp2f(sc[n][3] - base1);
+        sum0 += sc[n][0] + sc[n][1];
+        sum1 += sc[n][2] + sc[n][3];
+      }
+      l0 = l0 * alpha0 + sum0;
+      l1 = l1 * alpha1 + sum1;
+#pragma unroll
+      for (int i = 0; i < M::kDT; ++i) {
+        acc[i][0] *= alpha0;
+        acc[i][1] *= alpha0;
+        acc[i][2] *= alpha1;
+        acc[i][3] *= alpha1;
+      }
+
+      // O += P V.
+      T* vs = next_item();
+      const int valid = end - tb;
+      if (valid < M::kU) {
+        // The sequence's last step: the unused slots of its last block (and blocks past it,
+        // never copied) may hold anything, NaN included, and P = 0 does not cancel NaN.
+        for (int i = lane; i < (M::kU - valid) * kHead; i += kWarp) {
+          const int t = valid + i / kHead, d = i % kHead;
+          vs[(t / kBS) * M::kBlkElems + d * kBS + t % kBS] = T{};
+        }
+        __syncwarp();
+      }
+#pragma unroll
+      for (int kk = 0; kk < M::kU / 16; ++kk) {
+        const uint32_t a[4] = {pack2<T>(sc[2 * kk][0], sc[2 * kk][1]),
+                               pack2<T>(sc[2 * kk][2], sc[2 * kk][3]),
+                               pack2<T>(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
+                               pack2<T>(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+        const int t = kk * 16 + ((lane / 8) % 2) * 8;  // first token of this lane's matrix row
+#pragma unroll
+        for (int i = 0; i < M::kDT; ++i) {
+          const int d = i * 8 + lane % 8;
+          uint32_t b0, b1;
+          ldmatrix_x2(b0, b1, vs + (t / kBS) * M::kBlkElems + d * kBS + t % kBS);
+          mma_16816<T>(acc[i], a, b0, b1);
+        }
+      }
+    }
+    stage_wait<0>();  // only empty groups remain; nothing may be in flight into the next use
+
+    // Combine the warps: each row's max over the warps, then the warps' rescaled sums.
+    l0 += APHRODITE_SHFL_XOR(l0, 1);
+    l0 += APHRODITE_SHFL_XOR(l0, 2);
+    l1 += APHRODITE_SHFL_XOR(l1, 1);
+    l1 += APHRODITE_SHFL_XOR(l1, 2);
+    if (lane % 4 == 0) {
+      m_s[warp][r0] = m0;
+      m_s[warp][r0 + 8] = m1;
+      l_s[warp][r0] = l0;
+      l_s[warp][r0 + 8] = l1;
+    }
+    __syncthreads();  // m_s and l_s are complete; every warp is done with its ring
+    float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      mx0 = fmaxf(mx0, m_s[w][r0]);
+      mx1 = fmaxf(mx1, m_s[w][r0 + 8]);
+    }
+    const float w0 = m0 == -INFINITY ? 0.0f : exp2f(m0 - mx0);
+    const float w1 = m1 == -INFINITY ? 0.0f : exp2f(m1 - mx1);
+    float* cw = combine + warp * kMmaRows * kHead;
+#pragma unroll
+    for (int i = 0; i < M::kDT; ++i) {
+      const int d = i * 8 + c2;
+      *reinterpret_cast<float2*>(cw + r0 * kHead + d) = make_float2(acc[i][0] * w0, acc[i][1] * w0);
+      *reinterpret_cast<float2*>(cw + (r0 + 8) * kHead + d) =
+          make_float2(acc[i][2] * w1, acc[i][3] * w1);
+    }
+    __syncthreads();
+
+    // Write: out (v1, or a sequence of one partition) or the partition's scratch.
+    for (int i = tid; i < ng * kHead; i += kThreads) {
+      const int g = i / kHead, d = i % kHead;
+      float mx = -INFINITY;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, m_s[w][g]);
+      float total = 0.0f, num = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        const float mw = m_s[w][g];
+        total += mw == -INFINITY ? 0.0f : l_s[w][g] * exp2f(mw - mx);
+        num += combine[(w * kMmaRows + g) * kHead + d];
+      }
+      const float v = total > 0.0f ? num / total : 0.0f;
+      const int64_t h = head0 + g;
+      if (direct) {
+        static_cast<T*>(p.out)[(s * p.num_heads + h) * kHead + d] = from_float<T>(v);
+      } else {
+        const int64_t row = (s * p.num_heads + h) * l.max_num_partitions + blockIdx.y;
+        l.tmp_out[row * kHead + d] = v;
+        if (d == 0) {
+          l.max_logits[row] = mx / kLog2e;  // the reduce works in natural-log units
+          l.exp_sums[row] = total;
+        }
+      }
+    }
+    __syncthreads();  // q_s, m_s, l_s and the combine buffer are reused by the next sequence
+  }
+#endif
+}
+
+#endif  // !USE_ROCM
+
+}  // namespace aphrodite::attention::detail
