@@ -18,9 +18,6 @@ namespace detail {
 inline constexpr int kActThreads = 256;
 /// Blocks below this count are considered too few to fill the GPU; blocks shrink to make more.
 inline constexpr int64_t kActMinBlocks = 1024;
-/// Vectors a thread loads before computing (the grid covers a row's vectors kActUnroll times
-/// fewer).
-inline constexpr int kActUnroll = 2;
 /// Smallest block the launcher shrinks to.
 inline constexpr int kActMinThreads = 64;
 /// Grid limits; the kernel loops when the problem needs more blocks than these.
@@ -61,30 +58,15 @@ __global__ void __launch_bounds__(kActThreads)
     const T* x = in + t * in_row_stride;
     const T* y = x + d;
     T* o = out + t * out_row_stride;
-    // kUnroll vectors a step, all loaded before any is computed: more bytes in flight per
-    // thread, and the activation's arithmetic (erf, tanh) of one overlaps the others' loads.
-    for (int64_t c0 = col_begin; c0 < num_vecs; c0 += kActUnroll * col_step) {
-      V a[kActUnroll], b[kActUnroll];
+    for (int64_t c = col_begin; c < num_vecs; c += col_step) {
+      const V a = *reinterpret_cast<const V*>(x + c * kVec);
+      const V b = *reinterpret_cast<const V*>(y + c * kVec);
+      V r;
 #pragma unroll
-      for (int u = 0; u < kActUnroll; ++u) {
-        const int64_t c = c0 + u * col_step;
-        if (c < num_vecs) {
-          a[u] = *reinterpret_cast<const V*>(x + c * kVec);
-          b[u] = *reinterpret_cast<const V*>(y + c * kVec);
-        }
+      for (int i = 0; i < kVec; ++i) {
+        r.v[i] = from_float<T>(act_fn<K>(to_float(a.v[i])) * to_float(b.v[i]));
       }
-#pragma unroll
-      for (int u = 0; u < kActUnroll; ++u) {
-        const int64_t c = c0 + u * col_step;
-        if (c < num_vecs) {
-          V r;
-#pragma unroll
-          for (int i = 0; i < kVec; ++i) {
-            r.v[i] = from_float<T>(act_fn<K>(to_float(a[u].v[i])) * to_float(b[u].v[i]));
-          }
-          *reinterpret_cast<V*>(o + c * kVec) = r;
-        }
-      }
+      *reinterpret_cast<V*>(o + c * kVec) = r;
     }
   }
 }
@@ -96,8 +78,7 @@ inline bool act_aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p)
 /// Picks the block shape (tx threads per row, ty rows per block) and grid, then launches.
 template <Kind K, typename T, int kVec>
 gpuError_t act_and_mul_launch_vec(const Problem& p, gpuStream_t stream) {
-  // A thread covers kActUnroll vectors of a row: the grid is sized for the groups of them.
-  const int64_t num_vecs = act_ceil_div(p.d / kVec, kActUnroll);
+  const int64_t num_vecs = p.d / kVec;
   int64_t tx = 1;
   while (tx < num_vecs && tx < kActThreads) tx *= 2;
   int64_t ty = kActThreads / tx;
