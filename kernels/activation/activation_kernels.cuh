@@ -42,18 +42,19 @@ __device__ __forceinline__ float act_fn(float x) {
 }
 
 /// out[t, i] = act(in[t, i]) * in[t, d + i], kVec elements per thread and step. threadIdx.x and
-/// blockIdx.y walk the vectors of a row, threadIdx.y and blockIdx.x walk the rows; both loop
-/// when the grid is smaller than the problem.
+/// blockIdx.x walk the vectors of a row, threadIdx.y and blockIdx.y walk the rows (so blocks
+/// that run side by side read neighbouring memory); both loop when the grid is smaller than the
+/// problem.
 template <Kind K, typename T, int kVec>
 __global__ void __launch_bounds__(kActThreads)
     act_and_mul_kernel(T* __restrict__ out, const T* __restrict__ in, int64_t num_tokens, int64_t d,
                        int64_t out_row_stride, int64_t in_row_stride) {
   using V = Vec<T, kVec>;
   const int64_t num_vecs = d / kVec;
-  const int64_t col_begin = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
-  const int64_t col_step = static_cast<int64_t>(gridDim.y) * blockDim.x;
-  const int64_t row_step = static_cast<int64_t>(gridDim.x) * blockDim.y;
-  for (int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y; t < num_tokens;
+  const int64_t col_begin = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t col_step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t row_step = static_cast<int64_t>(gridDim.y) * blockDim.y;
+  for (int64_t t = static_cast<int64_t>(blockIdx.y) * blockDim.y + threadIdx.y; t < num_tokens;
        t += row_step) {
     const T* x = in + t * in_row_stride;
     const T* y = x + d;
@@ -91,8 +92,8 @@ gpuError_t act_and_mul_launch_vec(const Problem& p, gpuStream_t stream) {
       tx /= 2;
     }
   }
-  int64_t grid_x = act_ceil_div(p.num_tokens, ty);
-  int64_t grid_y = act_ceil_div(num_vecs, tx);
+  int64_t grid_x = act_ceil_div(num_vecs, tx);
+  int64_t grid_y = act_ceil_div(p.num_tokens, ty);
   if (grid_x > kActMaxGridX) grid_x = kActMaxGridX;
   if (grid_y > kActMaxGridY) grid_y = kActMaxGridY;
   const dim3 grid(static_cast<unsigned>(grid_x), static_cast<unsigned>(grid_y));

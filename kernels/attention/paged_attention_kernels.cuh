@@ -483,30 +483,33 @@ __launch_bounds__(kThreads)  // as before the option: (kThreads, 1) compiles a l
   }
 }
 
-/// Threads of the reduce: warp w takes partitions w, w + 8, ...; lane l dimensions 4l + 128k.
+/// Threads of the reduce: warp w takes partitions w, w + 8, ...; lane l dimension l of the
+/// block's kReduceDims.
 inline constexpr int kReduceThreads = 256;
 inline constexpr int kReduceWarps = kReduceThreads / kWarp;
-/// Largest head size the reduce's shared buffer holds (the largest the generator offers).
-inline constexpr int kReduceMaxHead = 256;
+/// Dimensions a reduce block covers: blocks = heads x ceil(head_size / 32) x sequences, so that a
+/// batch of one long sequence still spreads over the GPU.
+inline constexpr int kReduceDims = kWarp;
 
 /// v2's reduce: out[s, h] = sum_p w_p tmp_out[s, h, p] / sum_p w_p, w_p = exp_sum_p *
-/// exp(max_p - max). One block per (head, sequence); its warps split the partitions so that
-/// many loads are in flight even for one sequence. Sequences of one partition were written by
-/// the attention kernel; sequences of length 0 get zeros here. head_size % 4 == 0.
+/// exp(max_p - max). One block per (head, 32 dimensions, sequence); its warps split the
+/// partitions so that many loads are in flight even for one sequence. Sequences of one partition
+/// were written by the attention kernel; sequences of length 0 get zeros here.
 template <typename T>
 __global__ void __launch_bounds__(kReduceThreads)
     paged_attention_reduce_kernel(const PagedAttentionProblem p, const Launch l) {
   __shared__ float red[kReduceWarps];
-  __shared__ alignas(16) float part[kReduceWarps][kReduceMaxHead];
+  __shared__ float part[kReduceWarps][kReduceDims];
   const int64_t h = blockIdx.x;
   const int warp = threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
   const int head = static_cast<int>(p.head_size);
+  const int d = static_cast<int>(blockIdx.y) * kReduceDims + lane;  // this lane's dimension
   for (int64_t s = blockIdx.z; s < p.num_seqs; s += gridDim.z) {
     const int64_t seq_len = p.seq_lens[s];
     T* out = static_cast<T*>(p.out) + (s * p.num_heads + h) * head;
     if (seq_len == 0) {
-      for (int d = threadIdx.x; d < head; d += kReduceThreads) out[d] = from_float<T>(0.0f);
+      if (warp == 0 && d < head) out[d] = from_float<T>(0.0f);
       continue;
     }
     if (seq_len <= l.partition_size) continue;
@@ -534,29 +537,26 @@ __global__ void __launch_bounds__(kReduceThreads)
     }
     den = warp_sum(den);
     if (lane == 0) red[warp] = den;
-    // Partial numerators: warp `warp` over its partitions, 4 dimensions a lane.
-    for (int d0 = lane * 4; d0 < head; d0 += kWarp * 4) {
-      float4 num = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    // Partial numerators: warp `warp` over its partitions, one dimension a lane.
+    float num = 0.0f;
+    if (d < head) {
 #pragma unroll 4
       for (int i = warp; i < np; i += kReduceWarps) {
         const float mi = maxes[i];
         const float w = mi == -INFINITY ? 0.0f : sums[i] * __expf(mi - m);
-        const float4 t = *reinterpret_cast<const float4*>(l.tmp_out + (row + i) * head + d0);
-        num.x += w * t.x;
-        num.y += w * t.y;
-        num.z += w * t.z;
-        num.w += w * t.w;
+        num += w * l.tmp_out[(row + i) * head + d];
       }
-      *reinterpret_cast<float4*>(&part[warp][d0]) = num;
     }
+    part[warp][lane] = num;
     __syncthreads();
-    den = 0.0f;
+    if (warp == 0 && d < head) {
+      den = 0.0f;
+      num = 0.0f;
 #pragma unroll
-    for (int w = 0; w < kReduceWarps; ++w) den += red[w];
-    for (int d = threadIdx.x; d < head; d += kReduceThreads) {
-      float num = 0.0f;
-#pragma unroll
-      for (int w = 0; w < kReduceWarps; ++w) num += part[w][d];
+      for (int w = 0; w < kReduceWarps; ++w) {
+        den += red[w];
+        num += part[w][lane];
+      }
       out[d] = from_float<T>(den > 0.0f ? num / den : 0.0f);
     }
     __syncthreads();  // red and part are reused by the next sequence

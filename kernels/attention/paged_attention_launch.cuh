@@ -109,7 +109,9 @@ gpuError_t paged_attention_reduce(const PagedAttentionProblem& p,
   l.partition_size = scratch.partition_size;
   const unsigned grid_z =
       static_cast<unsigned>(p.num_seqs < detail::kMaxGridZ ? p.num_seqs : detail::kMaxGridZ);
-  const dim3 grid(static_cast<unsigned>(p.num_heads), 1, grid_z);
+  const dim3 grid(
+      static_cast<unsigned>(p.num_heads),
+      static_cast<unsigned>((p.head_size + detail::kReduceDims - 1) / detail::kReduceDims), grid_z);
   detail::paged_attention_reduce_kernel<T><<<grid, detail::kReduceThreads, 0, stream>>>(p, l);
   return gpuGetLastError();
 }

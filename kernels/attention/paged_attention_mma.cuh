@@ -166,40 +166,45 @@ __global__ void __launch_bounds__(kThreads)
       continue;
     }
 
-    // q (+ u for XL) of the block's heads in the input dtype; rows past the group are zeros.
-    for (int i = tid; i < kMmaRows * kHead; i += kThreads) {
-      const int g = i / kHead, d = i % kHead;
-      float v = 0.0f;
-      if (g < ng) {
-        const int64_t h = head0 + g;
-        v = to_float(static_cast<const T*>(p.query)[s * p.q_seq_stride + h * p.q_head_stride + d]);
-        if (xl) {
-          v += to_float(
-              static_cast<const T*>(p.pos_bias_u)[s * p.u_seq_stride + h * p.u_head_stride + d]);
-        }
-      }
-      q_s[g * M::kQStride + d] = from_float<T>(v);
-    }
-    __syncthreads();  // q_s is complete; the previous sequence's combine buffer is read
-
     const int32_t* __restrict__ table = p.block_tables + s * p.block_table_stride;
     const int nsteps = cdiv(end - begin, M::kU);
     const int mine = warp < nsteps ? cdiv(nsteps - warp, kWarps) : 0;  // this warp's steps
+    // Block numbers, read ahead: lane j holds those of this warp's step 32c + j (chunk c), so
+    // that a copy waits on a shuffle instead of a dependent global load; a chunk is read when
+    // the producer reaches its first step.
+    constexpr int kBPS = M::kU / kBS;  // cache blocks a step
+    int32_t tbl[kBPS];
+    auto load_table = [&](int chunk) {
+      const int st = chunk * kWarp + lane;
+      const int t0 = begin + (warp + kWarps * st) * M::kU;
+#pragma unroll
+      for (int b = 0; b < kBPS; ++b) {
+        tbl[b] = st < mine && t0 + b * kBS < end ? table[t0 / kBS + b] : 0;
+      }
+    };
     // The producer: item 2i is the K of this warp's step i, item 2i + 1 its V.
     int pitem = 0, pslot = 0;
     auto issue = [&]() {
       if (pitem < 2 * mine) {
-        const int t0 = begin + (warp + kWarps * (pitem >> 1)) * M::kU;
+        const int st = pitem >> 1;
+        if ((pitem & 1) == 0 && st % kWarp == 0) load_table(st / kWarp);
+        const int t0 = begin + (warp + kWarps * st) * M::kU;
         const int nblk = cdiv(cmin(M::kU, end - t0), kBS);  // blocks holding tokens < end
         const T* src0 = ((pitem & 1) ? vc : kc) + kvh * p.kv_head_stride;
         T* dst0 = ring + pslot * M::kSlotElems;
+        int32_t blk[kBPS];  // the step's blocks, from the lane that holds them
+#pragma unroll
+        for (int b = 0; b < kBPS; ++b) blk[b] = __shfl_sync(0xffffffffu, tbl[b], st % kWarp);
 #pragma unroll
         for (int k = 0; k < M::kCopyIters; ++k) {
           const int i = lane + k * kWarp;
           const int bb = i / M::kBlk16;
           const int piece = i % M::kBlk16;
+          int32_t pick = blk[0];
+#pragma unroll
+          for (int b = 1; b < kBPS; ++b) pick = bb == b ? blk[b] : pick;
+          const int64_t phys = pick;
           if (bb < nblk) {
-            const int64_t phys = table[t0 / kBS + bb];
             stage_copy16(dst0 + bb * M::kBlkElems + piece * 8,
                          src0 + phys * p.kv_block_stride + piece * 8);
           }
@@ -222,6 +227,22 @@ __global__ void __launch_bounds__(kThreads)
     };
 #pragma unroll 1
     for (int i = 0; i + 1 < M::kSlots; ++i) issue();
+
+    // q (+ u for XL) of the block's heads in the input dtype; rows past the group are zeros.
+    for (int i = tid; i < kMmaRows * kHead; i += kThreads) {
+      const int g = i / kHead, d = i % kHead;
+      float v = 0.0f;
+      if (g < ng) {
+        const int64_t h = head0 + g;
+        v = to_float(static_cast<const T*>(p.query)[s * p.q_seq_stride + h * p.q_head_stride + d]);
+        if (xl) {
+          v += to_float(
+              static_cast<const T*>(p.pos_bias_u)[s * p.u_seq_stride + h * p.u_head_stride + d]);
+        }
+      }
+      q_s[g * M::kQStride + d] = from_float<T>(v);
+    }
+    __syncthreads();  // q_s is complete (the copies above do not need it: issued first)
 
     float acc[M::kDT][4];
 #pragma unroll
