@@ -69,13 +69,33 @@ __device__ __forceinline__ float absmax(const Vec<T, N>& v) {
   return m;
 }
 
-__device__ __forceinline__ uint8_t quantize(float x, float scale) {
-  return fp8::from_float(x / scale);
+/// x / s for many x and one s: q = x * r with r = 1 / s, then one correction step on the
+/// remainder x - q * s (exact, by fma). That gives the correctly rounded fp32 quotient but in
+/// rare cases (a last-bit difference, far below the E4M3 step), at two FMAs and a multiply a
+/// value instead of the division's slow path. Scales whose reciprocal is 0, infinite or NaN
+/// (and quotients that overflow) divide as written.
+struct Divisor {
+  float s;
+  float r;
+  bool plain;
+  __device__ explicit Divisor(float scale)
+      : s(scale), r(1.0f / scale), plain(!(fabsf(r) <= 3.0e38f && r != 0.0f)) {}
+  __device__ __forceinline__ float divide(float x) const {
+    if (plain) return x / s;  // uniform over the launch
+    const float q = x * r;
+    if (!(fabsf(q) <= 3.0e38f)) return x / s;  // overflow (or NaN): the slow path's answer
+    return fmaf(fmaf(-q, s, x), r, q);
+  }
+};
+
+__device__ __forceinline__ uint8_t quantize(float x, const Divisor& scale) {
+  return fp8::from_float(scale.divide(x));
 }
 
 /// Stores the N elements of v as E4M3 at dst (N-byte aligned) with one N-byte store.
 template <typename T, int N>
-__device__ __forceinline__ void store_quantized(uint8_t* dst, const Vec<T, N>& v, float scale) {
+__device__ __forceinline__ void store_quantized(uint8_t* dst, const Vec<T, N>& v,
+                                                const Divisor& scale) {
   static_assert(N == 1 || N == 4 || N == 8, "fp8 stores are of 1, 4 or 8 bytes");
   if constexpr (N == 1) {
     *dst = quantize(to_float(v.v[0]), scale);
@@ -172,8 +192,8 @@ __device__ __forceinline__ float tiles_absmax(const Tiles<T>& a, uint32_t first,
 
 /// out = e4m3(in / scale) over the tiles first, first + step, ... of a.
 template <typename T, int kVec, int kBlock>
-__device__ __forceinline__ void tiles_quantize(const Tiles<T>& a, float scale, uint32_t first,
-                                               uint32_t step) {
+__device__ __forceinline__ void tiles_quantize(const Tiles<T>& a, const Divisor& scale,
+                                               uint32_t first, uint32_t step) {
   using V = Vec<T, kVec>;
   for (uint32_t tile = first; tile < a.num_tiles; tile += step) {
     const uint32_t row = tile / a.tiles_per_row;
@@ -203,7 +223,7 @@ template <typename T, int kVec>
 __global__ void __launch_bounds__(kThreads) static_quant_kernel(const Tiles<T> a) {
   // The given scale is used as it is: a zero scale gives +-448 (and NaN for 0 / 0), as the
   // reference's division does.
-  const float scale = *a.scale;
+  const Divisor scale(*a.scale);
   tiles_quantize<T, kVec, kThreads>(a, scale, blockIdx.x, gridDim.x);
 }
 
@@ -232,7 +252,7 @@ __global__ void __launch_bounds__(kThreads) dynamic_quant_kernel(const Tiles<T> 
   for (int i = threadIdx.x; i < a.num_partials; i += kThreads) m = fmaxf(m, a.partials[i]);
   const float scale = tensor_scale(block_max<kThreads>(m, smem));
   if (blockIdx.x == 0 && threadIdx.x == 0) *a.scale = scale;
-  tiles_quantize<T, kVec, kThreads>(a, safe_divisor(scale), blockIdx.x, gridDim.x);
+  tiles_quantize<T, kVec, kThreads>(a, Divisor(safe_divisor(scale)), blockIdx.x, gridDim.x);
 }
 
 /// Dynamic per-tensor in one block: the max, the scale, then the quantization.
@@ -242,7 +262,7 @@ __global__ void __launch_bounds__(kSmallThreads) dynamic_quant_small_kernel(cons
   const float scale =
       tensor_scale(block_max<kSmallThreads>(tiles_absmax<T, kVec, kSmallThreads>(a, 0, 1), smem));
   if (threadIdx.x == 0) *a.scale = scale;
-  tiles_quantize<T, kVec, kSmallThreads>(a, safe_divisor(scale), 0, 1);
+  tiles_quantize<T, kVec, kSmallThreads>(a, Divisor(safe_divisor(scale)), 0, 1);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -315,6 +335,7 @@ __global__ void __launch_bounds__(kMaxRowThreads) per_token_cached_kernel(const 
       if (valid && first + i * tx < a.vecs_per_row) m = fmaxf(m, absmax(v[i]));
     }
     const float scale = token_scale(row_max(m, smem), a.scale_ub);
+    const Divisor div(scale);
     if (valid) {
       if (first == 0) a.scale[row] = scale;
       uint8_t* o = a.out + row * a.out_stride;
@@ -323,10 +344,10 @@ __global__ void __launch_bounds__(kMaxRowThreads) per_token_cached_kernel(const 
         const int c = first + i * tx;
         if (c < a.vecs_per_row) {
           launder(v[i]);
-          store_quantized(o + static_cast<int64_t>(c) * kVec, v[i], scale);
+          store_quantized(o + static_cast<int64_t>(c) * kVec, v[i], div);
         }
       }
-      if (has_tail) o[tail_at] = quantize(tail_x, scale);
+      if (has_tail) o[tail_at] = quantize(tail_x, div);
     }
   }
 }
@@ -358,6 +379,7 @@ __global__ void __launch_bounds__(kMaxRowThreads) per_token_streaming_kernel(con
       }
     }
     const float scale = token_scale(row_max(m, smem), a.scale_ub);
+    const Divisor div(scale);
     if (first == 0) a.scale[row] = scale;
 #pragma unroll 1
     for (int c0 = first; c0 < a.vecs_per_row; c0 += kStreamBatch * tx) {
@@ -369,10 +391,10 @@ __global__ void __launch_bounds__(kMaxRowThreads) per_token_streaming_kernel(con
 #pragma unroll
       for (int i = 0; i < kStreamBatch; ++i) {
         const int c = c0 + i * tx;
-        if (c < a.vecs_per_row) store_quantized(o + static_cast<int64_t>(c) * kVec, v[i], scale);
+        if (c < a.vecs_per_row) store_quantized(o + static_cast<int64_t>(c) * kVec, v[i], div);
       }
     }
-    if (first < a.tail) o[tail_at] = quantize(to_float(x[tail_at]), scale);
+    if (first < a.tail) o[tail_at] = quantize(to_float(x[tail_at]), div);
   }
 }
 

@@ -144,6 +144,17 @@ __global__ void __launch_bounds__(kMaxCachedThreads) rms_norm_cached_kernel(cons
     for (int i = 0; i < kCache; ++i) {
       if (valid && first + i * tx < num_vecs) ss += sum_squares(cur[i]);
     }
+    // The weights' loads go out before the block reduction's barriers (which no load crosses),
+    // so that a lone row (decode) waits for memory once, not twice. Up to 4 cached vectors:
+    // beyond that the extra registers would cost more than the latency.
+    constexpr bool kPrefetch = kCache <= 4;
+    V wv[kCache];
+    if constexpr (kPrefetch) {
+#pragma unroll
+      for (int i = 0; i < kCache; ++i) {
+        if (valid && first + i * tx < num_vecs) wv[i] = w[first + i * tx];
+      }
+    }
     const float inv_rms = rsqrtf(row_sum(ss, smem) / hidden + a.epsilon);
     load_row(row + row_step, next);
     if (valid) {
@@ -153,7 +164,8 @@ __global__ void __launch_bounds__(kMaxCachedThreads) rms_norm_cached_kernel(cons
         const int c = first + i * tx;
         if (c < num_vecs) {
           launder(cur[i]);
-          o[c] = normalise(cur[i], w[c], inv_rms);
+          if constexpr (!kPrefetch) wv[i] = w[c];
+          o[c] = normalise(cur[i], wv[i], inv_rms);
         }
       }
     }
@@ -219,6 +231,8 @@ __global__ void __launch_bounds__(kMaxCachedThreads)
         }
         res[c] = sum[i];
         ss += sum_squares(sum[i]);
+        other[i] = w[c];  // the residual is spent: its registers take the weights, loaded
+                          // before the block reduction's barriers (which no load crosses)
       }
     }
     const float inv_rms = rsqrtf(row_sum(ss, smem) / hidden + a.epsilon);
@@ -227,7 +241,7 @@ __global__ void __launch_bounds__(kMaxCachedThreads)
       const int c = first + i * tx;
       if (valid && c < num_vecs) {
         launder(sum[i]);
-        x[c] = normalise(sum[i], w[c], inv_rms);
+        x[c] = normalise(sum[i], other[i], inv_rms);
       }
     }
   }
