@@ -24,6 +24,12 @@ inline constexpr int kActMinThreads = 64;
 inline constexpr int64_t kActMaxGridX = int64_t{1} << 20;
 inline constexpr int64_t kActMaxGridY = 65535;
 
+/// Resident blocks per SM the kernel is compiled for. erf's inlined code took 43 registers a
+/// thread (5 blocks of 256 an SM); capped at 32 (8 blocks, every thread slot of an H100 SM) it
+/// does not spill. silu and the tanh form spill under that cap, so they keep the compiler's
+/// choice.
+constexpr int act_min_blocks(Kind k) { return k == Kind::kGelu ? 2048 / kActThreads : 1; }
+
 /// The activation applied to the first half of a row, in fp32.
 template <Kind K>
 __device__ __forceinline__ float act_fn(float x) {
@@ -46,7 +52,7 @@ __device__ __forceinline__ float act_fn(float x) {
 /// that run side by side read neighbouring memory); both loop when the grid is smaller than the
 /// problem.
 template <Kind K, typename T, int kVec>
-__global__ void __launch_bounds__(kActThreads)
+__global__ void __launch_bounds__(kActThreads, act_min_blocks(K))
     act_and_mul_kernel(T* __restrict__ out, const T* __restrict__ in, int64_t num_tokens, int64_t d,
                        int64_t out_row_stride, int64_t in_row_stride) {
   using V = Vec<T, kVec>;
