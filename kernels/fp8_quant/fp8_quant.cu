@@ -84,7 +84,8 @@ struct Divisor {
     if (plain) return x / s;  // uniform over the launch
     const float q = x * r;
     if (!(fabsf(q) <= 3.0e38f)) return x / s;  // overflow (or NaN): the slow path's answer
-    return fmaf(fmaf(-q, s, x), r, q);
+    // A zero quotient keeps its sign (the correction would turn -0 into +0).
+    return q == 0.0f ? q : fmaf(fmaf(-q, s, x), r, q);
   }
 };
 
@@ -492,9 +493,9 @@ template <typename T, int kVec>
 gpuError_t launch_static_vec(const QuantProblem& p, gpuStream_t stream) {
   Tiles<T> a;
   if (!make_tiles<T, kVec, kThreads>(p, a)) return gpuErrorInvalidValue;
-  static std::atomic<int> per_sm{0};
-  const int64_t resident = resident_blocks(per_sm, static_quant_kernel<T, kVec>, kThreads);
-  const int64_t grid = grid_for(a.num_tiles, sm_count() * resident);
+  // One tile a block (no grid-stride loop): on an H100 the persistent grid ran 8192 x 8192
+  // bf16 at 0.93x of torch.compile's one-tile-a-program kernel.
+  const int64_t grid = a.num_tiles;
   if (grid == 0) return gpuSuccess;
   static_quant_kernel<T, kVec><<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(a);
   return gpuGetLastError();
