@@ -112,6 +112,43 @@ __host__ __device__ constexpr int cmin(int a, int b) { return a < b ? a : b; }
 __host__ __device__ constexpr int cmax(int a, int b) { return a > b ? a : b; }
 __host__ __device__ constexpr int cdiv(int a, int b) { return (a + b - 1) / b; }
 
+/// The softmax step of a chunk of n scores (score_s[g][0, n) for the block's ng heads): warp w
+/// updates heads w, w + kWarps, ...: the running max and sum (online softmax across chunks),
+/// alpha_s[g] = exp(old max - new max) for rescaling the accumulators, and score_s[g][t] =
+/// exp(score - max) for t < n, 0 for n <= t < nfill (the PV step reads whole cache blocks).
+/// The caller synchronises the block before and after.
+__device__ __forceinline__ void chunk_softmax(float (*score_s)[kChunk], float* run_max,
+                                              float* run_sum, float* alpha_s, int ng, int n,
+                                              int nfill, int warp, int lane) {
+  for (int g = warp; g < ng; g += kWarps) {
+    float m = -INFINITY;
+    for (int t = lane; t < n; t += kWarp) m = fmaxf(m, score_s[g][t]);
+    m = warp_max(m);
+    const float m_old = run_max[g];
+    const float m_new = fmaxf(m_old, m);
+    float sum = 0.0f;
+    for (int t = lane; t < nfill; t += kWarp) {
+      float e = 0.0f;
+      if (t < n && m_new != -INFINITY) {
+        e = __expf(score_s[g][t] - m_new);
+        sum += e;
+      }
+      score_s[g][t] = e;
+    }
+    sum = warp_sum(sum);
+    // Every lane read run_max[g] above; lane 0 overwrites it below. The shuffles of warp_sum
+    // do not order shared memory, so without this the write may race the other lanes' read
+    // (compute-sanitizer racecheck reports it).
+    __syncwarp();
+    if (lane == 0) {
+      const float alpha = m_old == -INFINITY ? 0.0f : __expf(m_old - m_new);
+      alpha_s[g] = alpha;
+      run_sum[g] = run_sum[g] * alpha + sum;
+      run_max[g] = m_new;
+    }
+  }
+}
+
 /// The compile-time shape of one kernel instantiation: query element T, cache element CacheT
 /// (T, or uint8_t for fp8 E4M3), head size, block size, and kG query heads per thread block.
 template <typename T, typename CacheT, int kHead, int kBS, int kG>
@@ -331,35 +368,8 @@ __launch_bounds__(kThreads)  // as before the option: (kThreads, 1) compiles a l
       }
       __syncthreads();
 
-      // (2) softmax step: warp w updates heads w, w + kWarps, ... over this chunk.
-      const int nfill = nb * kBS;  // the PV step reads whole blocks; the tail gets p = 0
-      for (int g = warp; g < ng; g += kWarps) {
-        float m = -INFINITY;
-        for (int t = lane; t < n; t += kWarp) m = fmaxf(m, score_s[g][t]);
-        m = warp_max(m);
-        const float m_old = run_max[g];
-        const float m_new = fmaxf(m_old, m);
-        float sum = 0.0f;
-        for (int t = lane; t < nfill; t += kWarp) {
-          float e = 0.0f;
-          if (t < n && m_new != -INFINITY) {
-            e = __expf(score_s[g][t] - m_new);
-            sum += e;
-          }
-          score_s[g][t] = e;
-        }
-        sum = warp_sum(sum);
-        // Every lane read run_max[g] above; lane 0 overwrites it below. The shuffles of
-        // warp_sum do not order shared memory, so without this the write may race the other
-        // lanes' read (compute-sanitizer racecheck reports it).
-        __syncwarp();
-        if (lane == 0) {
-          const float alpha = m_old == -INFINITY ? 0.0f : __expf(m_old - m_new);
-          alpha_s[g] = alpha;
-          run_sum[g] = run_sum[g] * alpha + sum;
-          run_max[g] = m_new;
-        }
-      }
+      // (2) softmax step over this chunk (chunk_softmax).
+      chunk_softmax(score_s, run_max, run_sum, alpha_s, ng, n, nb * kBS, warp, lane);
       __syncthreads();
 
       // (3) acc = acc * alpha + p . v: team `team` takes cache blocks team + kTeams * k.
@@ -839,35 +849,8 @@ __global__ void __launch_bounds__(kThreads, 3)  // 3 blocks an SM: what the ring
       }
       __syncthreads();
 
-      // (2) softmax step: warp w updates heads w, w + kWarps, ... over this chunk.
-      const int nfill = nb * kBS;  // the PV step reads whole blocks; the tail gets p = 0
-      for (int g = warp; g < ng; g += kWarps) {
-        float m = -INFINITY;
-        for (int t = lane; t < n; t += kWarp) m = fmaxf(m, score_s[g][t]);
-        m = warp_max(m);
-        const float m_old = run_max[g];
-        const float m_new = fmaxf(m_old, m);
-        float sum = 0.0f;
-        for (int t = lane; t < nfill; t += kWarp) {
-          float e = 0.0f;
-          if (t < n && m_new != -INFINITY) {
-            e = __expf(score_s[g][t] - m_new);
-            sum += e;
-          }
-          score_s[g][t] = e;
-        }
-        sum = warp_sum(sum);
-        // Every lane read run_max[g] above; lane 0 overwrites it below. The shuffles of
-        // warp_sum do not order shared memory, so without this the write may race the other
-        // lanes' read (compute-sanitizer racecheck reports it).
-        __syncwarp();
-        if (lane == 0) {
-          const float alpha = m_old == -INFINITY ? 0.0f : __expf(m_old - m_new);
-          alpha_s[g] = alpha;
-          run_sum[g] = run_sum[g] * alpha + sum;
-          run_max[g] = m_new;
-        }
-      }
+      // (2) softmax step over this chunk (chunk_softmax).
+      chunk_softmax(score_s, run_max, run_sum, alpha_s, ng, n, nb * kBS, warp, lane);
       __syncthreads();
 
       // (3) acc = acc * alpha + p . v over the V tiles.
