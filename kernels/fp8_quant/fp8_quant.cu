@@ -164,43 +164,17 @@ struct Tiles {
   uint32_t num_tiles;      ///< rows * tiles_per_row, < 2^31
 };
 
-/// Max |x| over the tiles first, first + step, ... of a (this thread's part of them).
-template <typename T, int kVec, int kBlock>
-__device__ __forceinline__ float tiles_absmax(const Tiles<T>& a, uint32_t first, uint32_t step) {
-  using V = Vec<T, kVec>;
-  float m = 0.0f;
-  for (uint32_t tile = first; tile < a.num_tiles; tile += step) {
-    const uint32_t row = tile / a.tiles_per_row;
-    const uint32_t t = tile - row * a.tiles_per_row;
-    const T* x = a.in + static_cast<int64_t>(row) * a.in_stride;
-    const V* xv = reinterpret_cast<const V*>(x);
-    const int64_t c0 = static_cast<int64_t>(t) * (kBlock * kUnroll) + threadIdx.x;
-    V v[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      if (c0 + u * kBlock < a.vecs_per_row) v[u] = xv[c0 + u * kBlock];
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      if (c0 + u * kBlock < a.vecs_per_row) m = fmaxf(m, absmax(v[u]));
-    }
-    if (t == a.tiles_per_row - 1 && static_cast<int>(threadIdx.x) < a.tail) {
-      m = fmaxf(m, fabsf(to_float(x[a.vecs_per_row * kVec + threadIdx.x])));
-    }
-  }
-  return m;
-}
-
-/// out = e4m3(in / scale) over the tiles first, first + step, ... of a.
-template <typename T, int kVec, int kBlock>
-__device__ __forceinline__ void tiles_quantize(const Tiles<T>& a, const Divisor& scale,
-                                               uint32_t first, uint32_t step) {
+/// Calls vec(row, c, v) for this thread's vectors v (index c in the row) of the tiles first,
+/// first + step, ... of a, and tail(row, e, x) for its tail elements; all kUnroll loads of a
+/// tile are issued before any call.
+template <typename T, int kVec, int kBlock, typename VecFn, typename TailFn>
+__device__ __forceinline__ void for_each_tile(const Tiles<T>& a, uint32_t first, uint32_t step,
+                                              VecFn&& vec, TailFn&& tail) {
   using V = Vec<T, kVec>;
   for (uint32_t tile = first; tile < a.num_tiles; tile += step) {
     const uint32_t row = tile / a.tiles_per_row;
     const uint32_t t = tile - row * a.tiles_per_row;
     const T* x = a.in + static_cast<int64_t>(row) * a.in_stride;
-    uint8_t* o = a.out + static_cast<int64_t>(row) * a.out_stride;
     const V* xv = reinterpret_cast<const V*>(x);
     const int64_t c0 = static_cast<int64_t>(t) * (kBlock * kUnroll) + threadIdx.x;
     V v[kUnroll];
@@ -211,13 +185,36 @@ __device__ __forceinline__ void tiles_quantize(const Tiles<T>& a, const Divisor&
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t c = c0 + u * kBlock;
-      if (c < a.vecs_per_row) store_quantized(o + c * kVec, v[u], scale);
+      if (c < a.vecs_per_row) vec(row, c, v[u]);
     }
     if (t == a.tiles_per_row - 1 && static_cast<int>(threadIdx.x) < a.tail) {
       const int64_t e = a.vecs_per_row * kVec + threadIdx.x;
-      o[e] = quantize(to_float(x[e]), scale);
+      tail(row, e, to_float(x[e]));
     }
   }
+}
+
+/// Max |x| over the tiles first, first + step, ... of a (this thread's part of them).
+template <typename T, int kVec, int kBlock>
+__device__ __forceinline__ float tiles_absmax(const Tiles<T>& a, uint32_t first, uint32_t step) {
+  float m = 0.0f;
+  for_each_tile<T, kVec, kBlock>(
+      a, first, step, [&](uint32_t, int64_t, const Vec<T, kVec>& v) { m = fmaxf(m, absmax(v)); },
+      [&](uint32_t, int64_t, float x) { m = fmaxf(m, fabsf(x)); });
+  return m;
+}
+
+/// out = e4m3(in / scale) over the tiles first, first + step, ... of a.
+template <typename T, int kVec, int kBlock>
+__device__ __forceinline__ void tiles_quantize(const Tiles<T>& a, const Divisor& scale,
+                                               uint32_t first, uint32_t step) {
+  auto out_row = [&](uint32_t row) { return a.out + static_cast<int64_t>(row) * a.out_stride; };
+  for_each_tile<T, kVec, kBlock>(
+      a, first, step,
+      [&](uint32_t row, int64_t c, const Vec<T, kVec>& v) {
+        store_quantized(out_row(row) + c * kVec, v, scale);
+      },
+      [&](uint32_t row, int64_t e, float x) { out_row(row)[e] = quantize(x, scale); });
 }
 
 template <typename T, int kVec>
