@@ -202,7 +202,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(const FwdP
   // Paged keys start at row 0 of the sequence's first block; cu_seqlens_k only gives lengths.
   const int k_start = kPaged ? 0 : p.cu_seqlens_k[batch];
   const int seqlen_k = p.seqused_k != nullptr ? p.seqused_k[batch]
-                                               : p.cu_seqlens_k[batch + 1] - p.cu_seqlens_k[batch];
+                                              : p.cu_seqlens_k[batch + 1] - p.cu_seqlens_k[batch];
   const int m0 = m_block * kBlockM;
   if (m0 >= seqlen_q) return;  // the grid covers max_seqlen_q
   const int kv_head = head / (p.num_heads / p.num_kv_heads);
@@ -230,8 +230,8 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(const FwdP
     const int64_t lo = static_cast<int64_t>(m0 + row) + diag - p.window_left;
     return static_cast<int>(lo < 0 ? 0 : (lo > seqlen_k ? seqlen_k : lo));
   };
-  const int hi_first = key_hi(0);           // tiles reaching past it need the right mask
-  const int lo_last = key_lo(q_rows - 1);   // tiles starting before it need the left mask
+  const int hi_first = key_hi(0);          // tiles reaching past it need the right mask
+  const int lo_last = key_lo(q_rows - 1);  // tiles starting before it need the left mask
   const int n_block_max = (key_hi(q_rows - 1) + kBlockN) / kBlockN;  // key_hi >= -1
   const int n_block_min = min(key_lo(0) / kBlockN, n_block_max);
 
@@ -271,22 +271,25 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(const FwdP
   Tensor tVsV = gmem_thr.partition_D(sV);
   Tensor tKVc = gmem_thr.partition_S(make_identity_tensor(TileKV{}));
 
-  // Paged: the cache block and the row in it of each tile row this thread copies (one per pass
-  // m of the tiled copy; a thread's 16-byte vectors of one pass share a row, so any block size
-  // that is a multiple of 16 works and a tile may span several blocks). Rows past seqlen_k are not
-  // resolved: the table holds nothing for them.
+  // Paged: the cache block of each tile row this thread copies (one per pass m of the tiled
+  // copy; a thread's 16-byte vectors of one pass share a row, so any block size that is a
+  // multiple of 16 works and a tile may span several blocks). Only the block indices stay live
+  // across the mma (registers are tight at the large head dims); the row in the block is
+  // recomputed at the copy, by a mask for the usual power-of-two block sizes. Rows past
+  // seqlen_k are not resolved: the table holds nothing for them.
   constexpr int kCopyPasses = decltype(size<1>(tKsK))::value;
   int page_block[kCopyPasses];
-  int page_row[kCopyPasses];
   const int32_t* block_table =
       kPaged ? p.block_table + static_cast<int64_t>(batch) * p.block_table_batch_stride : nullptr;
+  const int block_shift = kPaged ? __ffs(p.block_size) - 1 : 0;
+  const bool block_pow2 = kPaged && p.block_size == (1 << block_shift);
   auto resolve_pages = [&](int n_block) {
     if constexpr (kPaged) {
       CUTE_UNROLL
       for (int m = 0; m < kCopyPasses; ++m) {
         const int key = n_block * kBlockN + get<0>(tKVc(0, m, 0));
-        page_block[m] = key < seqlen_k ? block_table[key / p.block_size] : 0;
-        page_row[m] = key % p.block_size;
+        const int index = block_pow2 ? key >> block_shift : key / p.block_size;
+        page_block[m] = key < seqlen_k ? block_table[index] : 0;
       }
     }
   };
@@ -300,8 +303,10 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(const FwdP
         if (get<0>(tKVc(0, m, 0)) < valid_rows) {
           // A tile whose rows all alias this thread's cache row (row stride 0): its partition
           // puts each of the thread's vectors of pass m at that row plus the vector's column.
+          const int key = n_block * kBlockN + get<0>(tKVc(0, m, 0));
+          const int in_block = block_pow2 ? key & (p.block_size - 1) : key % p.block_size;
           const Element* row = base + static_cast<int64_t>(page_block[m]) * block_stride +
-                               static_cast<int64_t>(page_row[m]) * row_stride;
+                               static_cast<int64_t>(in_block) * row_stride;
           Tensor src =
               gmem_thr.partition_S(make_tensor(make_gmem_ptr(row), TileKV{}, Stride<_0, _1>{}));
           CUTE_UNROLL
