@@ -18,11 +18,11 @@ namespace aphrodite::flash_attn {
 /// pos - window_left <= j <= pos + window_right (-1: that side unbounded; causal: right = 0).
 /// A query row that sees no key gets a zero output and an LSE of -inf.
 struct FwdProblem {
-  const void* q;                ///< [total_q, num_heads, head_dim]
+  const void* q;  ///< [total_q, num_heads, head_dim]
   const void* k;  ///< [total_k, num_kv_heads, head_dim], paged [blocks, block_size, ditto]
   const void* v;  ///< shaped as k
-  void* out;                    ///< [total_q, num_heads, head_dim]
-  float* lse;                   ///< [num_heads, total_q] contiguous, or nullptr
+  void* out;      ///< [total_q, num_heads, head_dim]
+  float* lse;     ///< [num_heads, total_q] contiguous, or nullptr
   const int32_t* cu_seqlens_q;  ///< [batch + 1], on the device
   const int32_t* cu_seqlens_k;  ///< [batch + 1], on the device
   const int32_t* seqused_k;     ///< [batch] key counts, or nullptr (cu_seqlens_k gives them)

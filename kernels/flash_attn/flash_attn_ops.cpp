@@ -95,11 +95,12 @@ Checked check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
               ": softmax_scale must be a finite number > 0, got ", softmax_scale);
   TORCH_CHECK(std::isfinite(softcap) && softcap >= 0.0, kOp,
               ": softcap must be a finite number >= 0 (0: off), got ", softcap);
-  TORCH_CHECK(window_size_left >= -1 && window_size_right >= -1 &&
-                  window_size_left <= std::numeric_limits<int32_t>::max() &&
-                  window_size_right <= std::numeric_limits<int32_t>::max(),
-              kOp, ": window_size_left and window_size_right must be -1 (unbounded) or in [0, 2^31), got ",
-              window_size_left, " and ", window_size_right);
+  TORCH_CHECK(
+      window_size_left >= -1 && window_size_right >= -1 &&
+          window_size_left <= std::numeric_limits<int32_t>::max() &&
+          window_size_right <= std::numeric_limits<int32_t>::max(),
+      kOp, ": window_size_left and window_size_right must be -1 (unbounded) or in [0, 2^31), got ",
+      window_size_left, " and ", window_size_right);
   if (seqused_k.has_value()) {
     TORCH_CHECK(seqused_k->scalar_type() == at::kInt, kOp, ": seqused_k must be int32, got ",
                 seqused_k->scalar_type());
@@ -113,9 +114,8 @@ Checked check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
     const at::Tensor& bt = *block_table;
     TORCH_CHECK(bt.scalar_type() == at::kInt, kOp, ": block_table must be int32, got ",
                 bt.scalar_type());
-    TORCH_CHECK(bt.dim() == 2 && bt.size(0) == c.batch, kOp,
-                ": block_table must be [batch (", c.batch, "), max_blocks_per_seq], got shape ",
-                bt.sizes());
+    TORCH_CHECK(bt.dim() == 2 && bt.size(0) == c.batch, kOp, ": block_table must be [batch (",
+                c.batch, "), max_blocks_per_seq], got shape ", bt.sizes());
     TORCH_CHECK(bt.size(1) == 0 || bt.stride(1) == 1, kOp,
                 ": block_table must be contiguous in its last dimension, got strides ",
                 bt.strides());
@@ -141,9 +141,9 @@ std::tuple<at::Tensor, at::Tensor> varlen_fwd(
     const std::optional<at::Tensor>& block_table, int64_t max_seqlen_q, int64_t max_seqlen_k,
     double softmax_scale, bool causal, int64_t window_size_left, int64_t window_size_right,
     double softcap, bool return_softmax_lse) {
-  const Checked c = check_inputs(q, k, v, out, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table,
-                                 max_seqlen_q, max_seqlen_k, softmax_scale, window_size_left,
-                                 window_size_right, softcap);
+  const Checked c =
+      check_inputs(q, k, v, out, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, max_seqlen_q,
+                   max_seqlen_k, softmax_scale, window_size_left, window_size_right, softcap);
   at::Tensor result =
       out.has_value() ? at::empty({0}, q.options()) : at::empty(q.sizes(), q.options());
   at::Tensor dst = out.has_value() ? *out : result;
@@ -153,8 +153,9 @@ std::tuple<at::Tensor, at::Tensor> varlen_fwd(
   const ScalarType dtype = kernel_dtype(kOp, "q", q);
   TORCH_CHECK(flash_attn::has_fwd(static_cast<int>(c.head_dim), dtype, causal, c.paged), kOp,
               ": head_dim ", c.head_dim, " with ", q.scalar_type(), (causal ? " causal" : ""),
-              (c.paged ? " paged" : ""), " is not in this build (head dims built: ",
-              flash_attn::built_head_dims(), "; see the flash_attn generator options)");
+              (c.paged ? " paged" : ""),
+              " is not in this build (head dims built: ", flash_attn::built_head_dims(),
+              "; see the flash_attn generator options)");
   check_aligned("q", q);
   check_aligned("k", k);
   check_aligned("v", v);
@@ -214,10 +215,10 @@ std::tuple<at::Tensor, at::Tensor> varlen_fwd(
 // result is written there and the first output is empty (a custom op may not return an alias
 // of an input).
 std::tuple<at::Tensor, at::Tensor> varlen_fwd_fake(
-    const at::Tensor& q, const at::Tensor&, const at::Tensor&,
-    const std::optional<at::Tensor>& out, const at::Tensor&, const at::Tensor&,
-    const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, int64_t, int64_t, double,
-    bool, int64_t, int64_t, double, bool return_softmax_lse) {
+    const at::Tensor& q, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>& out,
+    const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+    const std::optional<at::Tensor>&, int64_t, int64_t, double, bool, int64_t, int64_t, double,
+    bool return_softmax_lse) {
   at::Tensor result =
       out.has_value() ? at::empty({0}, q.options()) : at::empty_symint(q.sym_sizes(), q.options());
   std::vector<c10::SymInt> lse_shape{c10::SymInt(0), c10::SymInt(0)};

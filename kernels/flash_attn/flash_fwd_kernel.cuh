@@ -278,6 +278,10 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(const FwdP
   // recomputed at the copy, by a mask for the usual power-of-two block sizes. Rows past
   // seqlen_k are not resolved: the table holds nothing for them.
   constexpr int kCopyPasses = decltype(size<1>(tKsK))::value;
+  // Above head dim 128 the O accumulator leaves no registers to hold the indices across the
+  // mma (ptxas spilled 136 bytes at h256; 40 this way): each load resolves its own rows, and
+  // the table read's latency is small beside those tiles' mma.
+  constexpr bool kPrefetchPages = kHeadDim <= 128;
   int page_block[kCopyPasses];
   const int32_t* block_table =
       kPaged ? p.block_table + static_cast<int64_t>(batch) * p.block_table_batch_stride : nullptr;
@@ -298,6 +302,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(const FwdP
                      int n_block) {
     const int valid_rows = seqlen_k - n_block * kBlockN;
     if constexpr (kPaged) {
+      if constexpr (!kPrefetchPages) resolve_pages(n_block);
       CUTE_UNROLL
       for (int m = 0; m < kCopyPasses; ++m) {
         if (get<0>(tKVc(0, m, 0)) < valid_rows) {
@@ -325,7 +330,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(const FwdP
 
   detail::copy_rows(gmem_copy, tQgQ, tQsQ, tQcQ, q_rows);
   if (n_block_max > n_block_min) {
-    resolve_pages(n_block_max - 1);
+    if constexpr (kPrefetchPages) resolve_pages(n_block_max - 1);
     load_kv(k_base, p.k_row_stride, p.k_block_stride, tKsK, n_block_max - 1);
   }
   cp_async_fence();
@@ -382,7 +387,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(const FwdP
     load_kv(v_base, p.v_row_stride, p.v_block_stride, tVsV, n_block);
     cp_async_fence();
     // The next tile's cache rows (its table reads are in flight during the mma below).
-    if (n_block > n_block_min) resolve_pages(n_block - 1);
+    if (kPrefetchPages && n_block > n_block_min) resolve_pages(n_block - 1);
 
     detail::gemm_ss(acc_s, tSrQ, tSrK, tSrQ_view, tSrK_view, tSsQ, tSsK, mma, smem_copy_q,
                     smem_copy_k);
