@@ -213,23 +213,22 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(const FwdP
   // The keys tile row `row` sees: [key_lo(row), key_hi(row)], clipped to the sequence (so the
   // partial last tile needs no test of its own). Both ends are non-decreasing in the row, so the
   // CTA's first row bounds the right edge from below and its last row the left edge from above.
-  // 64-bit sums: a window size may be anything up to 2^31 - 1.
-  const bool has_left = p.window_left >= 0;
-  const bool has_right = Traits::kCausal || p.window_right >= 0;
-  const int64_t win_right = Traits::kCausal ? 0 : p.window_right;
-  auto key_hi = [&](int row) -> int {  // in [-1, seqlen_k - 1]
-    int64_t hi = seqlen_k - 1;
-    if (has_right) {
-      const int64_t edge = static_cast<int64_t>(m0 + row) + diag + win_right;
-      hi = edge < hi ? edge : hi;
-    }
-    return static_cast<int>(hi < -1 ? -1 : hi);
-  };
-  auto key_lo = [&](int row) -> int {  // in [0, seqlen_k]
-    if (!has_left) return 0;
-    const int64_t lo = static_cast<int64_t>(m0 + row) + diag - p.window_left;
-    return static_cast<int>(lo < 0 ? 0 : (lo > seqlen_k ? seqlen_k : lo));
-  };
+  // The edges of row 0 are summed in 64 bits (a window size may be up to 2^31 - 1) and clamped
+  // to where adding a row (< kBlockM) stays in int and clips the same: per row, two int ops.
+  // Without a window side its edge sits past the clip, so the same code serves every variant.
+  int hi_row0 = seqlen_k - 1;
+  if (Traits::kCausal || p.window_right >= 0) {
+    const int64_t edge = static_cast<int64_t>(m0) + diag + (Traits::kCausal ? 0 : p.window_right);
+    hi_row0 =
+        edge < -kBlockM - 1 ? -kBlockM - 1 : (edge < hi_row0 ? static_cast<int>(edge) : hi_row0);
+  }
+  int lo_row0 = -kBlockM;
+  if (p.window_left >= 0) {
+    const int64_t edge = static_cast<int64_t>(m0) + diag - p.window_left;
+    lo_row0 = edge < -kBlockM ? -kBlockM : (edge < seqlen_k ? static_cast<int>(edge) : seqlen_k);
+  }
+  auto key_hi = [&](int row) { return min(seqlen_k - 1, max(hi_row0 + row, -1)); };
+  auto key_lo = [&](int row) { return min(max(lo_row0 + row, 0), seqlen_k); };
   const int hi_first = key_hi(0);          // tiles reaching past it need the right mask
   const int lo_last = key_lo(q_rows - 1);  // tiles starting before it need the left mask
   const int n_block_max = (key_hi(q_rows - 1) + kBlockN) / kBlockN;  // key_hi >= -1

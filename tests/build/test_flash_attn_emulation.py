@@ -64,16 +64,20 @@ def emulate(
             m0 = mb * block_m
             rows = min(block_m, sq - m0)
 
-            def key_hi(row, m0=m0, sk=sk, diag=diag):
-                hi = sk - 1
-                if has_right:
-                    hi = min(hi, m0 + row + diag + win_right)
-                return max(hi, -1)
+            # Row 0's edges clamped as the kernel clamps them (so that adding a row stays in
+            # int and clips the same), then per row two int ops.
+            hi_row0 = sk - 1
+            if has_right:
+                hi_row0 = max(min(m0 + diag + win_right, sk - 1), -block_m - 1)
+            lo_row0 = -block_m
+            if has_left:
+                lo_row0 = max(min(m0 + diag - win_left, sk), -block_m)
 
-            def key_lo(row, m0=m0, sk=sk, diag=diag):
-                if not has_left:
-                    return 0
-                return min(max(m0 + row + diag - win_left, 0), sk)
+            def key_hi(row, hi_row0=hi_row0, sk=sk):
+                return min(sk - 1, max(hi_row0 + row, -1))
+
+            def key_lo(row, lo_row0=lo_row0, sk=sk):
+                return min(max(lo_row0 + row, 0), sk)
 
             hi_first, lo_last = key_hi(0), key_lo(rows - 1)
             nmax = (key_hi(rows - 1) + block_n) // block_n
