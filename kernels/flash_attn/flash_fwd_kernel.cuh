@@ -11,7 +11,8 @@
 // Softmax statistics stay in fp32 registers; the 4 lanes that share a row of the mma accumulator
 // reduce with two xor shuffles. The paged variant (kPaged) gathers each K/V tile row through the
 // block table: every thread resolves the cache rows it copies one tile ahead, while the current
-// tile's scores are computed, so the table's latency hides behind the mma.
+// tile's scores are computed, so the table's latency hides behind the mma (head dims up to 128;
+// above, registers allow only resolving at each load).
 #pragma once
 
 #include <cmath>
@@ -126,7 +127,7 @@ __device__ __forceinline__ float quad_sum(float x) {
 // denominator stays in [1, 2], and the absolute error is a few ulp of 1 over the whole range (the
 // softcap multiplies it by the cap). tanh.approx.f32 would be one instruction, but its relative
 // error of about 2^-11 becomes a logit error of cap * 2^-11 at saturation.
-__device__ __forceinline__ float tanh_abs_accurate(float x) {
+__device__ __forceinline__ float tanh_accurate(float x) {
   const float e = exp2f(-2.f * static_cast<float>(M_LOG2E) * fabsf(x));
   return copysignf(__fdividef(1.f - e, 1.f + e), x);
 }
@@ -394,7 +395,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(const FwdP
     if (use_softcap) {
       CUTE_UNROLL
       for (int i = 0; i < size(acc_s); ++i) {
-        acc_s(i) = detail::tanh_abs_accurate(acc_s(i) * tanh_scale);
+        acc_s(i) = detail::tanh_accurate(acc_s(i) * tanh_scale);
       }
     }
 

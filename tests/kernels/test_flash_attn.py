@@ -281,7 +281,9 @@ def test_paged_matches_reference(device, dtype, block_size, heads, kv_heads, cau
     seq_q, seq_k = [seq_q[i] for i in idx], [seq_k[i] for i in idx]
     q, k, v, cu_q, cu_k = make_batch(seq_q, seq_k, heads, kv_heads, 128, dtype, device, seed=9)
     paged = to_paged(k, v, cu_k, block_size, seed=block_size)
-    check(q, k, v, cu_q, cu_k, seq_q, seq_k, causal, dtype, paged=paged)
+    out = torch.full_like(q, float("nan"))  # poisoned: every element must be written
+    got = check(q, k, v, cu_q, cu_k, seq_q, seq_k, causal, dtype, out=out, paged=paged)
+    assert got.data_ptr() == out.data_ptr()
 
 
 @pytest.mark.parametrize("block_size", [16, 32])
