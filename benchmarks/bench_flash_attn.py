@@ -2,7 +2,10 @@
 scaled_dot_product_attention with the FLASH_ATTENTION and the CUDNN_ATTENTION backends, in one
 run: batch 4, 32 heads, sequence 1024/4096/8192, head dim 64/128, causal and not, bf16.
 Checks our output against SDPA once per shape before timing; varlen rows (ragged lengths, the
-token count of S=4096) give our figure on the same kind of work without padding.
+token count of S=4096) give our figure on the same kind of work without padding. Paged rows run
+the S=4096 work with K/V in a paged cache (block sizes 16 and 256, blocks in shuffled order) to
+set beside the dense row (the issue's "paged within 10% of dense"); softcap rows the same dense
+work with a logit softcap of 50 (the cost of the tanh).
 TFLOP/s = 4 * B * H * S^2 * D / time, halved for causal. Writes results/flash_attn_<device>.md/.json through the harness.
 
     python benchmarks/bench_flash_attn.py [--quick] [--out DIR] [--dtype bf16|f16]
@@ -114,6 +117,46 @@ def bench_varlen(d: int, causal: bool, dtype: torch.dtype) -> list:
     return row
 
 
+def bench_variant(
+    seq: int, d: int, causal: bool, dtype: torch.dtype, block_size: int | None, softcap: float = 0.0
+) -> list:
+    """The dense S=`seq` work, with K/V in a shuffled paged cache of `block_size` rows (None:
+    dense) and/or a softcap; checked against the dense result first."""
+    total = BATCH * seq
+    q = torch.randn(total, HEADS, d, device="cuda", dtype=dtype)
+    k = torch.randn(total, HEADS, d, device="cuda", dtype=dtype)
+    v = torch.randn(total, HEADS, d, device="cuda", dtype=dtype)
+    cu = torch.arange(0, total + 1, seq, dtype=torch.int32, device="cuda")
+    extra = {"softcap": softcap}
+    kk, vv = k, v
+    label = f"softcap {softcap:g} {seq}"
+    if block_size is not None:
+        per_seq = seq // block_size
+        order = torch.randperm(BATCH * per_seq, device="cuda")
+        # Cache block order[i] holds the i-th block of the packed keys.
+        kk = torch.empty(BATCH * per_seq, block_size, HEADS, d, device="cuda", dtype=dtype)
+        vv = torch.empty_like(kk)
+        kk[order] = k.view(-1, block_size, HEADS, d)
+        vv[order] = v.view(-1, block_size, HEADS, d)
+        extra["block_table"] = order.view(BATCH, per_seq).int()
+        label = f"paged bs{block_size} {seq}" + (f" softcap {softcap:g}" if softcap else "")
+
+    def run():
+        return flash_attn_varlen_func(q, kk, vv, cu, cu, seq, seq, causal=causal, **extra)
+
+    dense = flash_attn_varlen_func(q, k, v, cu, cu, seq, seq, causal=causal, softcap=softcap)
+    err = (run().float() - dense.float()).abs().max().item()
+    tol = 2e-2 if dtype == torch.bfloat16 else 4e-3
+    if not err <= tol:
+        raise SystemExit(f"{label}: max |paged - dense| = {err:.3g} > {tol}")
+    t = harness.median_ms(run, "cuda")
+    flops = 4 * BATCH * HEADS * seq * seq * d * (0.5 if causal else 1.0)
+    row = [label, d, "yes" if causal else "no", f"{t:.3f}", f"{flops / t / 1e9:.0f}"]
+    row += ["n/a", "n/a", "n/a"]
+    print(row, flush=True)
+    return row
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="S=1024 and 4096 only")
@@ -131,6 +174,12 @@ def main() -> None:
     for d in HEAD_DIMS:
         for causal in (False, True):
             rows.append(bench_varlen(d, causal, dtype))
+    for d in HEAD_DIMS:
+        for causal in (False, True):
+            for block_size in (16, 256):
+                rows.append(bench_variant(4096, d, causal, dtype, block_size))
+            rows.append(bench_variant(4096, d, causal, dtype, None, softcap=50.0))
+            torch.cuda.empty_cache()
     header = [
         "S",
         "head dim",
@@ -143,7 +192,9 @@ def main() -> None:
     ]
     notes = (
         f"batch {BATCH}, {HEADS} heads, {args.dtype}; ours is the varlen op on equal-length "
-        "sequences. TFLOP/s = 4*B*H*S^2*D / time, causal counted as half."
+        "sequences. TFLOP/s = 4*B*H*S^2*D / time, causal counted as half. 'paged bsN' rows: "
+        "the S=4096 work on a paged K/V cache of N-row blocks in shuffled order (compare with "
+        "the S=4096 row); 'softcap' rows: the S=4096 dense work with softcap=50."
     )
     print(harness.write("flash_attn", "cuda", header, rows, out_dir=args.out, notes=notes))
 

@@ -216,7 +216,10 @@ for head, block, cache, heads in (
     _pa_call("xl_paged_attention_v1", alibi_slopes=None, **xl, **common)
     _pa_call("xl_paged_attention_v2", alibi_slopes=alibi, **xl, **scratch, **common)
 # flash_attn (_fa2_C): ragged lengths off the 64-row tiles, a query longer than its keys
-# (rows that see no key), GQA, with the LSE, both masks; only where the module is built.
+# (rows that see no key), GQA, with the LSE, both masks; then the paged variant on a cache of
+# 16-row blocks in shuffled order (a 64-key tile spans four blocks; table entries past each
+# sequence hold an out-of-range index that must never be read), with a sliding window and a
+# softcap; only where the module is built.
 if aphrodite_ext.module_status("_fa2_C")[0]:
     aphrodite_ext.load("_fa2_C")
     for fa_dtype in (torch.float16, torch.bfloat16):
@@ -226,12 +229,27 @@ if aphrodite_ext.module_status("_fa2_C")[0]:
             fq = torch.randn(80, 4, 64, dtype=fa_dtype, device=dev)
             fk = torch.randn(139, 2, 64, dtype=fa_dtype, device=dev)
             fv = torch.randn(139, 2, 64, dtype=fa_dtype, device=dev)
-            try:
-                torch.ops._fa2_C.varlen_fwd(
-                    fq, fk, fv, None, cu_q, cu_k, 70, 69, 0.125, fa_causal, True
-                )
-            except RuntimeError as e:  # a narrowed build may lack this instantiation
-                if "is not in this build" not in str(e):
-                    raise
+            # Key counts 5, 65, 69: 1, 5 and 5 blocks of 16 rows.
+            fa_blocks = torch.randperm(16, device=dev)[:11].int()
+            fa_table = torch.full((3, 7), 1 << 30, dtype=torch.int32, device=dev)
+            fa_table[0, :1] = fa_blocks[:1]
+            fa_table[1, :5] = fa_blocks[1:6]
+            fa_table[2, :5] = fa_blocks[6:11]
+            fkc = torch.randn(16, 16, 2, 64, dtype=fa_dtype, device=dev)
+            fvc = torch.randn(16, 16, 2, 64, dtype=fa_dtype, device=dev)
+
+            for fa_k, fa_v, table, window_left, window_right, softcap in (
+                (fk, fv, None, -1, -1, 0.0),
+                (fk, fv, None, 20, 7, 0.0),
+                (fkc, fvc, fa_table, 33, 5, 20.0),
+            ):
+                try:
+                    torch.ops._fa2_C.varlen_fwd(
+                        fq, fa_k, fa_v, None, cu_q, cu_k, None, table, 70, 69, 0.125, fa_causal,
+                        window_left, window_right, softcap, True
+                    )  # fmt: skip
+                except RuntimeError as e:  # a narrowed build may lack this instantiation
+                    if "is not in this build" not in str(e):
+                        raise
 torch.cuda.synchronize()
 print("sanitize_kernels: all kernels ran")

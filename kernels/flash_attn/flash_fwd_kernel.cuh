@@ -6,8 +6,13 @@
 // swizzled shared memory with cp.async, K and V in separate buffers so that the load of V(j)
 // overlaps S = Q K(j)^T and the softmax, and the load of K(j-1) overlaps O += P V(j). Key tiles are
 // visited from the last to the first, so the tiles that need masking (the partial end, the causal
-// diagonal) come first. Softmax statistics stay in fp32 registers; the 4 lanes that share a row of
-// the mma accumulator reduce with two xor shuffles.
+// diagonal or right window edge) come first; with a left window edge the tile range starts at the
+// first tile any row of the CTA sees, and only the tiles that straddle an edge are masked.
+// Softmax statistics stay in fp32 registers; the 4 lanes that share a row of the mma accumulator
+// reduce with two xor shuffles. The paged variant (kPaged) gathers each K/V tile row through the
+// block table: every thread resolves the cache rows it copies one tile ahead, while the current
+// tile's scores are computed, so the table's latency hides behind the mma (head dims up to 128;
+// above, registers allow only resolving at each load).
 #pragma once
 
 #include <cmath>
@@ -118,6 +123,15 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
+// tanh(x) = sign(x) (1 - e) / (1 + e), e = exp(-2|x|) in (0, 1]: no overflow, the quotient's
+// denominator stays in [1, 2], and the absolute error is a few ulp of 1 over the whole range (the
+// softcap multiplies it by the cap). tanh.approx.f32 would be one instruction, but its relative
+// error of about 2^-11 becomes a logit error of cap * 2^-11 at saturation.
+__device__ __forceinline__ float tanh_accurate(float x) {
+  const float e = exp2f(-2.f * static_cast<float>(M_LOG2E) * fabsf(x));
+  return copysignf(__fdividef(1.f - e, 1.f + e), x);
+}
+
 // Copies the rows of a (kRows, head_dim) tile that lie before `valid_rows` with the tiled
 // copy; zero-fills the others in shared memory, so that padding never feeds a NaN into P V.
 template <typename TiledCopy, typename TS, typename TD, typename TC>
@@ -171,7 +185,7 @@ __device__ __forceinline__ void gemm_rs(Acc& acc, const RA& rA, RB& rB, VB& rB_v
 
 }  // namespace detail
 
-template <typename Traits>
+template <typename Traits, bool kPaged>
 __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(const FwdProblem p) {
   using namespace cute;
   using Element = typename Traits::Element;
@@ -186,19 +200,40 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(const FwdP
 
   const int q_start = p.cu_seqlens_q[batch];
   const int seqlen_q = p.cu_seqlens_q[batch + 1] - q_start;
-  const int k_start = p.cu_seqlens_k[batch];
-  const int seqlen_k = p.cu_seqlens_k[batch + 1] - k_start;
-  if (m_block * kBlockM >= seqlen_q) return;  // the grid covers max_seqlen_q
+  // Paged keys start at row 0 of the sequence's first block; cu_seqlens_k only gives lengths.
+  const int k_start = kPaged ? 0 : p.cu_seqlens_k[batch];
+  const int seqlen_k = p.seqused_k != nullptr ? p.seqused_k[batch]
+                                              : p.cu_seqlens_k[batch + 1] - p.cu_seqlens_k[batch];
+  const int m0 = m_block * kBlockM;
+  if (m0 >= seqlen_q) return;  // the grid covers max_seqlen_q
   const int kv_head = head / (p.num_heads / p.num_kv_heads);
-  const int q_rows = min(kBlockM, seqlen_q - m_block * kBlockM);
-  // Offset of the causal diagonal: query i sees keys j <= i + diag.
+  const int q_rows = min(kBlockM, seqlen_q - m0);
+  // Key position of query 0 (bottom-right alignment): query i sits at key i + diag.
   const int diag = seqlen_k - seqlen_q;
 
-  int n_block_max = (seqlen_k + kBlockN - 1) / kBlockN;
-  if constexpr (Traits::kCausal) {
-    const int last_key = (m_block * kBlockM + q_rows - 1) + diag;  // of the tile's last row
-    n_block_max = last_key < 0 ? 0 : min(n_block_max, last_key / kBlockN + 1);
+  // The keys tile row `row` sees: [key_lo(row), key_hi(row)], clipped to the sequence (so the
+  // partial last tile needs no test of its own). Both ends are non-decreasing in the row, so the
+  // CTA's first row bounds the right edge from below and its last row the left edge from above.
+  // The edges of row 0 are summed in 64 bits (a window size may be up to 2^31 - 1) and clamped
+  // to where adding a row (< kBlockM) stays in int and clips the same: per row, two int ops.
+  // Without a window side its edge sits past the clip, so the same code serves every variant.
+  int hi_row0 = seqlen_k - 1;
+  if (Traits::kCausal || p.window_right >= 0) {
+    const int64_t edge = static_cast<int64_t>(m0) + diag + (Traits::kCausal ? 0 : p.window_right);
+    hi_row0 =
+        edge < -kBlockM - 1 ? -kBlockM - 1 : (edge < hi_row0 ? static_cast<int>(edge) : hi_row0);
   }
+  int lo_row0 = -kBlockM;
+  if (p.window_left >= 0) {
+    const int64_t edge = static_cast<int64_t>(m0) + diag - p.window_left;
+    lo_row0 = edge < -kBlockM ? -kBlockM : (edge < seqlen_k ? static_cast<int>(edge) : seqlen_k);
+  }
+  auto key_hi = [&](int row) { return min(seqlen_k - 1, max(hi_row0 + row, -1)); };
+  auto key_lo = [&](int row) { return min(max(lo_row0 + row, 0), seqlen_k); };
+  const int hi_first = key_hi(0);          // tiles reaching past it need the right mask
+  const int lo_last = key_lo(q_rows - 1);  // tiles starting before it need the left mask
+  const int n_block_max = (key_hi(q_rows - 1) + kBlockN) / kBlockN;  // key_hi >= -1
+  const int n_block_min = min(key_lo(0) / kBlockN, n_block_max);
 
   extern __shared__ __align__(128) char smem_raw[];
   Element* smem = reinterpret_cast<Element*>(smem_raw);
@@ -212,6 +247,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(const FwdP
   const Element* q_base = static_cast<const Element*>(p.q) +
                           (static_cast<int64_t>(q_start) + m_block * kBlockM) * p.q_row_stride +
                           static_cast<int64_t>(head) * p.q_head_stride;
+  // Dense: row 0 of the sequence's keys; paged: the kv head's column of the cache.
   const Element* k_base = static_cast<const Element*>(p.k) +
                           static_cast<int64_t>(k_start) * p.k_row_stride +
                           static_cast<int64_t>(kv_head) * p.k_head_stride;
@@ -235,15 +271,68 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(const FwdP
   Tensor tVsV = gmem_thr.partition_D(sV);
   Tensor tKVc = gmem_thr.partition_S(make_identity_tensor(TileKV{}));
 
-  auto load_kv = [&](const Element* base, int64_t row_stride, auto& dst, int n_block) {
-    Tensor g =
-        make_tensor(make_gmem_ptr(base + static_cast<int64_t>(n_block) * kBlockN * row_stride),
-                    TileKV{}, make_stride(row_stride, _1{}));
-    detail::copy_rows(gmem_copy, gmem_thr.partition_S(g), dst, tKVc, seqlen_k - n_block * kBlockN);
+  // Paged: the cache block of each tile row this thread copies (one per pass m of the tiled
+  // copy; a thread's 16-byte vectors of one pass share a row, so any block size that is a
+  // multiple of 16 works and a tile may span several blocks). Only the block indices stay live
+  // across the mma (registers are tight at the large head dims); the row in the block is
+  // recomputed at the copy, by a mask for the usual power-of-two block sizes. Rows past
+  // seqlen_k are not resolved: the table holds nothing for them.
+  constexpr int kCopyPasses = decltype(size<1>(tKsK))::value;
+  // Above head dim 128 the O accumulator leaves no registers to hold the indices across the
+  // mma (ptxas spilled 136 bytes at h256; 40 this way): each load resolves its own rows, and
+  // the table read's latency is small beside those tiles' mma.
+  constexpr bool kPrefetchPages = kHeadDim <= 128;
+  int page_block[kCopyPasses];
+  const int32_t* block_table =
+      kPaged ? p.block_table + static_cast<int64_t>(batch) * p.block_table_batch_stride : nullptr;
+  const int block_shift = kPaged ? __ffs(p.block_size) - 1 : 0;
+  const bool block_pow2 = kPaged && p.block_size == (1 << block_shift);
+  auto resolve_pages = [&](int n_block) {
+    if constexpr (kPaged) {
+      CUTE_UNROLL
+      for (int m = 0; m < kCopyPasses; ++m) {
+        const int key = n_block * kBlockN + get<0>(tKVc(0, m, 0));
+        const int index = block_pow2 ? key >> block_shift : key / p.block_size;
+        page_block[m] = key < seqlen_k ? block_table[index] : 0;
+      }
+    }
+  };
+
+  auto load_kv = [&](const Element* base, int64_t row_stride, int64_t block_stride, auto& dst,
+                     int n_block) {
+    const int valid_rows = seqlen_k - n_block * kBlockN;
+    if constexpr (kPaged) {
+      if constexpr (!kPrefetchPages) resolve_pages(n_block);
+      CUTE_UNROLL
+      for (int m = 0; m < kCopyPasses; ++m) {
+        if (get<0>(tKVc(0, m, 0)) < valid_rows) {
+          // A tile whose rows all alias this thread's cache row (row stride 0): its partition
+          // puts each of the thread's vectors of pass m at that row plus the vector's column.
+          const int key = n_block * kBlockN + get<0>(tKVc(0, m, 0));
+          const int in_block = block_pow2 ? key & (p.block_size - 1) : key % p.block_size;
+          const Element* row = base + static_cast<int64_t>(page_block[m]) * block_stride +
+                               static_cast<int64_t>(in_block) * row_stride;
+          Tensor src =
+              gmem_thr.partition_S(make_tensor(make_gmem_ptr(row), TileKV{}, Stride<_0, _1>{}));
+          CUTE_UNROLL
+          for (int k = 0; k < size<2>(dst); ++k) copy(gmem_copy, src(_, m, k), dst(_, m, k));
+        } else {
+          clear(dst(_, m, _));
+        }
+      }
+    } else {
+      Tensor g =
+          make_tensor(make_gmem_ptr(base + static_cast<int64_t>(n_block) * kBlockN * row_stride),
+                      TileKV{}, make_stride(row_stride, _1{}));
+      detail::copy_rows(gmem_copy, gmem_thr.partition_S(g), dst, tKVc, valid_rows);
+    }
   };
 
   detail::copy_rows(gmem_copy, tQgQ, tQsQ, tQcQ, q_rows);
-  if (n_block_max > 0) load_kv(k_base, p.k_row_stride, tKsK, n_block_max - 1);
+  if (n_block_max > n_block_min) {
+    if constexpr (kPrefetchPages) resolve_pages(n_block_max - 1);
+    load_kv(k_base, p.k_row_stride, p.k_block_stride, tKsK, n_block_max - 1);
+  }
   cp_async_fence();
 
   typename Traits::TiledMma mma;
@@ -282,29 +371,49 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(const FwdP
     row_sum[r] = 0.f;
   }
   clear(acc_o);
-  const float scale_log2 = p.softmax_scale * static_cast<float>(M_LOG2E);
+  // With a softcap the accumulator is replaced by tanh(acc * softmax_scale / softcap) and the
+  // softmax scale becomes the softcap (score = softcap * tanh(...)); either way score_scale turns
+  // the held value into the natural-log score.
+  const bool use_softcap = p.softcap > 0.f;
+  const float score_scale = use_softcap ? p.softcap : p.softmax_scale;
+  const float tanh_scale = use_softcap ? p.softmax_scale / p.softcap : 0.f;
+  const float scale_log2 = score_scale * static_cast<float>(M_LOG2E);
 
-  for (int n_block = n_block_max - 1; n_block >= 0; --n_block) {
+  for (int n_block = n_block_max - 1; n_block >= n_block_min; --n_block) {
     Tensor acc_s = partition_fragment_C(mma, Shape<Int<kBlockM>, Int<kBlockN>>{});
     clear(acc_s);
     cp_async_wait<0>();
     __syncthreads();  // K(n_block) landed, and every warp is done reading V(n_block + 1)
-    load_kv(v_base, p.v_row_stride, tVsV, n_block);
+    load_kv(v_base, p.v_row_stride, p.v_block_stride, tVsV, n_block);
     cp_async_fence();
+    // The next tile's cache rows (its table reads are in flight during the mma below).
+    if (kPrefetchPages && n_block > n_block_min) resolve_pages(n_block - 1);
 
     detail::gemm_ss(acc_s, tSrQ, tSrK, tSrQ_view, tSrK_view, tSsQ, tSsK, mma, smem_copy_q,
                     smem_copy_k);
 
+    if (use_softcap) {
+      CUTE_UNROLL
+      for (int i = 0; i < size(acc_s); ++i) {
+        acc_s(i) = detail::tanh_accurate(acc_s(i) * tanh_scale);
+      }
+    }
+
+    // Masked after the softcap (tanh would map -inf back into range). Only tiles that straddle
+    // an edge of some row's window, or the end of the keys, pay for it.
     Tensor s_rc = make_tensor(acc_s.data(), detail::acc_rowcol(acc_s.layout()));
     const int key0 = n_block * kBlockN;
-    const bool partial = key0 + kBlockN > seqlen_k;
-    const bool diagonal = Traits::kCausal && key0 + kBlockN - 1 > m_block * kBlockM + diag;
-    if (partial || diagonal) {
+    if (key0 + kBlockN - 1 > hi_first || key0 < lo_last) {
       CUTE_UNROLL
-      for (int i = 0; i < size(s_rc); ++i) {
-        const int key = key0 + get<1>(tScS(i));
-        const int query = m_block * kBlockM + get<0>(tScS(i));
-        if (key >= seqlen_k || (Traits::kCausal && key > query + diag)) s_rc(i) = -INFINITY;
+      for (int r = 0; r < size<0>(s_rc); ++r) {
+        const int row = get<0>(tScS(r, 0));
+        const int lo = key_lo(row);
+        const int hi = key_hi(row);
+        CUTE_UNROLL
+        for (int c = 0; c < size<1>(s_rc); ++c) {
+          const int key = key0 + get<1>(tScS(r, c));
+          if (key < lo || key > hi) s_rc(r, c) = -INFINITY;
+        }
       }
     }
 
@@ -333,8 +442,8 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(const FwdP
 
     cp_async_wait<0>();
     __syncthreads();  // V(n_block) landed, and every warp is done reading K(n_block)
-    if (n_block > 0) {
-      load_kv(k_base, p.k_row_stride, tKsK, n_block - 1);
+    if (n_block > n_block_min) {
+      load_kv(k_base, p.k_row_stride, p.k_block_stride, tKsK, n_block - 1);
       cp_async_fence();
     }
 
@@ -355,8 +464,8 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(const FwdP
     for (int c = 0; c < size<1>(o_rc); ++c) o_rc(r, c) *= inv;
     const int row = get<0>(tOcO(r, 0));
     if (p.lse != nullptr && get<1>(tOcO(r, 0)) == 0 && row < q_rows) {
-      const float lse = sum > 0.f ? row_max[r] * p.softmax_scale + logf(sum) : -INFINITY;
-      p.lse[static_cast<int64_t>(head) * p.total_q + q_start + m_block * kBlockM + row] = lse;
+      const float lse = sum > 0.f ? row_max[r] * score_scale + logf(sum) : -INFINITY;
+      p.lse[static_cast<int64_t>(head) * p.total_q + q_start + m0 + row] = lse;
     }
   }
 
@@ -389,10 +498,10 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(const FwdP
 }
 
 /// Launches one instantiation; the dispatch (generated) picks it from the problem.
-template <int kHeadDim, typename Element, bool kCausal>
+template <int kHeadDim, typename Element, bool kCausal, bool kPaged>
 gpuError_t flash_fwd_launch(const FwdProblem& p, gpuStream_t stream) {
   using Traits = FwdTraits<kHeadDim, Element, kCausal>;
-  auto kernel = &flash_fwd_kernel<Traits>;
+  auto kernel = &flash_fwd_kernel<Traits, kPaged>;
   constexpr int kSmem = Traits::kSmemBytes;
   if (kSmem > 48 * 1024) {
     const gpuError_t err =

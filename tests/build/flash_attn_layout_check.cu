@@ -60,8 +60,37 @@ int check() {
   return bad;
 }
 
+// The paged K/V load: every value a thread copies in pass m of the tiled gmem copy lies in the
+// row of its first value (tKVc(0, m, 0)), and partitioning a tile whose rows all alias one row
+// (row stride 0) puts each value at that row's base plus the value's column.
+template <int D>
+int check_paged_gather() {
+  using T = FwdTraits<D, cute::half_t, false>;
+  using Tile = Shape<Int<T::kBlockN>, Int<D>>;
+  typename T::GmemCopyIn gmem_copy;
+  int bad = 0;
+  for (int t = 0; t < T::kNThreads; ++t) {
+    auto thr = gmem_copy.get_thread_slice(t);
+    auto c = thr.partition_S(make_identity_tensor(Tile{}));
+    // An offset tensor stands in for the row's pointer: element (r, k) at offset k.
+    auto g = thr.partition_S(make_tensor(counting_iterator<int>(0), Tile{}, Stride<_0, _1>{}));
+    for (int m = 0; m < size<1>(c); ++m) {
+      for (int k = 0; k < size<2>(c); ++k) {
+        for (int i = 0; i < size<0>(c); ++i) {
+          if (get<0>(c(i, m, k)) != get<0>(c(0, m, 0))) bad++;
+          if (g(i, m, k) != get<1>(c(i, m, k))) bad++;
+        }
+      }
+    }
+  }
+  printf("head_dim %d paged gather: %d mismatches\n", D, bad);
+  return bad;
+}
+
 int main() {
   const int bad = check<64, 64>() + check<64, 128>() + check<96, 64>() + check<128, 64>() +
-                  check<128, 128>() + check<192, 64>() + check<256, 64>();
+                  check<128, 128>() + check<192, 64>() + check<256, 64>() +
+                  check_paged_gather<64>() + check_paged_gather<96>() + check_paged_gather<128>() +
+                  check_paged_gather<256>();
   return bad != 0;
 }
