@@ -23,6 +23,11 @@ summary=()
 has() { [[ " $STAGES " == *" $1 "* ]]; }
 
 if has build; then
+  # The flash-attention family needs CuTe's headers: the nvidia-cutlass wheel, carried in .whl/
+  # (the GPU machine has no network), installed without its dependencies.
+  if ! python3 -c "import cutlass_library" 2>/dev/null && ls .whl/nvidia_cutlass-*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-deps .whl/nvidia_cutlass-*.whl > "$OUT/cutlass_install.log" 2>&1
+  fi
   start=$(date +%s)
   APHRODITE_TARGET_DEVICE=cuda MAX_JOBS=${MAX_JOBS:-16} \
     python3 -m pip install -e . --no-build-isolation --no-deps -q > "$OUT/build.log" 2>&1
