@@ -13,7 +13,8 @@ Options (APHRODITE_GENERATOR_OPTIONS="flash_attn.head_dims=128;flash_attn.dtypes
 
 Cost: one CuTe instantiation is one nvcc run of about a minute per arch here; the full grid is
 5 head dims x 2 dtypes x 2 masks x 2 layouts = 40 files. CI narrows it to 2 (dense and paged).
-Sliding windows and the softcap are run-time arguments of every instantiation.
+Sliding windows are a run-time argument of every instantiation; each file holds two kernels,
+without and with the logit softcap (picked at launch: the tanh code slowed the plain forward).
 """
 
 from __future__ import annotations

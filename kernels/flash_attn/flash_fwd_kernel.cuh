@@ -185,7 +185,7 @@ __device__ __forceinline__ void gemm_rs(Acc& acc, const RA& rA, RB& rB, VB& rB_v
 
 }  // namespace detail
 
-template <typename Traits, bool kPaged>
+template <typename Traits, bool kPaged, bool kSoftcap>
 __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(const FwdProblem p) {
   using namespace cute;
   using Element = typename Traits::Element;
@@ -374,9 +374,10 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(const FwdP
   // With a softcap the accumulator is replaced by tanh(acc * softmax_scale / softcap) and the
   // softmax scale becomes the softcap (score = softcap * tanh(...)); either way score_scale turns
   // the held value into the natural-log score.
-  const bool use_softcap = p.softcap > 0.f;
-  const float score_scale = use_softcap ? p.softcap : p.softmax_scale;
-  const float tanh_scale = use_softcap ? p.softmax_scale / p.softcap : 0.f;
+  // A compile-time switch: with the tanh loop in the kernel behind a run-time test, even never
+  // taken, the dense forward ran at 0.63x (H100, head dim 64: 152 against 242 TFLOP/s).
+  const float score_scale = kSoftcap ? p.softcap : p.softmax_scale;
+  const float tanh_scale = kSoftcap ? p.softmax_scale / p.softcap : 0.f;
   const float scale_log2 = score_scale * static_cast<float>(M_LOG2E);
 
   for (int n_block = n_block_max - 1; n_block >= n_block_min; --n_block) {
@@ -392,7 +393,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(const FwdP
     detail::gemm_ss(acc_s, tSrQ, tSrK, tSrQ_view, tSrK_view, tSsQ, tSsK, mma, smem_copy_q,
                     smem_copy_k);
 
-    if (use_softcap) {
+    if constexpr (kSoftcap) {
       CUTE_UNROLL
       for (int i = 0; i < size(acc_s); ++i) {
         acc_s(i) = detail::tanh_accurate(acc_s(i) * tanh_scale);
@@ -501,7 +502,8 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(const FwdP
 template <int kHeadDim, typename Element, bool kCausal, bool kPaged>
 gpuError_t flash_fwd_launch(const FwdProblem& p, gpuStream_t stream) {
   using Traits = FwdTraits<kHeadDim, Element, kCausal>;
-  auto kernel = &flash_fwd_kernel<Traits, kPaged>;
+  auto kernel = p.softcap > 0.f ? &flash_fwd_kernel<Traits, kPaged, true>
+                                : &flash_fwd_kernel<Traits, kPaged, false>;
   constexpr int kSmem = Traits::kSmemBytes;
   if (kSmem > 48 * 1024) {
     const gpuError_t err =
