@@ -1,36 +1,17 @@
 // CPU kernels of the KV cache family (kernels/cache/cache.h): reshape_and_cache in both layouts
 // and copy_blocks. kAuto caches hold the input's own bits, so those paths are copies; fp8
-// caches convert in fp32 vectors and round each lane in software (the same E4M3 rounding as
-// kernels/common/fp8.h, which is CUDA-only). Compiled once per ISA (see vec.h).
+// caches convert in fp32 vectors and encode them with cpu/fp8.h (the host twin of
+// kernels/common/fp8.h). Compiled once per ISA (see vec.h).
 #include <cstring>
 
 #include "cpu/cpu_kernels.h"
+#include "cpu/fp8.h"
 #include "cpu/vec.h"
 
 namespace aphrodite::cpu::APHRODITE_CPU_ISA {
 namespace {
 
 using vec::vf;
-
-/// x rounded to E4M3 (OCP e4m3fn): nearest even, saturated to +-448, NaN kept (0x7f).
-inline uint8_t f32_to_e4m3(float x) {
-  const uint32_t bits = __builtin_bit_cast(uint32_t, x);
-  const auto sign = static_cast<uint8_t>((bits >> 24) & 0x80u);
-  const uint32_t mag = bits & 0x7fffffffu;
-  if (mag > 0x7f800000u) return sign | 0x7fu;   // NaN
-  if (mag >= 0x43e00000u) return sign | 0x7eu;  // |x| >= 448 (inf included): saturate
-  if (mag < 0x3c800000u) {
-    // Below 2^-6, E4M3 is subnormal: multiples of 2^-9. Scaling by 2^9 is exact and the
-    // conversion rounds to nearest even (a result of 8 is the smallest normal, 0x08).
-    const float q = __builtin_bit_cast(float, mag) * 512.0f;
-    return sign | static_cast<uint8_t>(__builtin_nearbyintf(q));
-  }
-  // Normal: keep 3 mantissa bits, rounding the 20 dropped ones to nearest even; a carry moves
-  // into the exponent. Rebias the exponent from 127 to 7.
-  const uint32_t rounded = mag + 0x7ffffu + ((mag >> 20) & 1u);
-  const uint32_t e4m3 = (rounded >> 20) - ((127u - 7u) << 3);
-  return sign | static_cast<uint8_t>(e4m3 > 0x7eu ? 0x7eu : e4m3);
-}
 
 /// dst[j * dst_stride] = e4m3(src[j] * inv_scale) for j < n.
 template <ScalarType T>
@@ -41,7 +22,11 @@ void quantize_row(uint8_t* dst, int64_t dst_stride, const vec::storage_t<T>* src
   for (int64_t i = 0; i < n; i += L) {
     const int64_t m = n - i < L ? n - i : L;
     const vf v = (m == L ? vec::load<T>(src + i) : vec::load_partial<T>(src + i, m)) * s;
-    for (int64_t j = 0; j < m; ++j) dst[(i + j) * dst_stride] = f32_to_e4m3(v[j]);
+    if (dst_stride == 1) {
+      fp8::store_bytes(dst + i, fp8::e4m3_bits(v), m);
+    } else {
+      fp8::store_bytes_strided(dst + i * dst_stride, dst_stride, fp8::e4m3_bits(v), m);
+    }
   }
 }
 
