@@ -68,6 +68,106 @@ void write_row(const cache::ReshapeAndCacheProblem& p, void* out, const void* in
   }
 }
 
+typedef uint16_t v8x16 __attribute__((vector_size(16)));
+typedef uint32_t v4x32 __attribute__((vector_size(16)));
+typedef uint64_t v2x64 __attribute__((vector_size(16)));
+
+/// Interleaves the low (Hi = false) or high halves of a and b in units of U.
+template <typename U, bool Hi>
+APHRODITE_VEC_INLINE v4x32 interleave(v4x32 a, v4x32 b) {
+  if constexpr (sizeof(U) == 2) {
+    const v8x16 x = (v8x16)a, y = (v8x16)b;
+    if constexpr (Hi) return (v4x32)__builtin_shufflevector(x, y, 4, 12, 5, 13, 6, 14, 7, 15);
+    return (v4x32)__builtin_shufflevector(x, y, 0, 8, 1, 9, 2, 10, 3, 11);
+  } else if constexpr (sizeof(U) == 4) {
+    if constexpr (Hi) return __builtin_shufflevector(a, b, 2, 6, 3, 7);
+    return __builtin_shufflevector(a, b, 0, 4, 1, 5);
+  } else {
+    const v2x64 x = (v2x64)a, y = (v2x64)b;
+    if constexpr (Hi) return (v4x32)__builtin_shufflevector(x, y, 1, 3);
+    return (v4x32)__builtin_shufflevector(x, y, 0, 2);
+  }
+}
+
+/// One stage of a W x W transpose in units of U: within each group of G rows, rows i and
+/// i + G/2 become rows 2i and 2i + 1 (their low and high interleavings).
+template <typename U, int W, int G>
+APHRODITE_VEC_INLINE void transpose_stage(v4x32 (&r)[W]) {
+  v4x32 o[W];
+  for (int base = 0; base < W; base += G) {
+    for (int i = 0; i < G / 2; ++i) {
+      o[base + 2 * i] = interleave<U, false>(r[base + i], r[base + i + G / 2]);
+      o[base + 2 * i + 1] = interleave<U, true>(r[base + i], r[base + i + G / 2]);
+    }
+  }
+  for (int i = 0; i < W; ++i) r[i] = o[i];
+}
+
+/// dst[c * dst_stride + j] = src[j][c] for j, c < W, W = 16 / sizeof(E) (a 16-byte row from
+/// each of W sources, transposed).
+template <typename E>
+APHRODITE_VEC_INLINE void transpose_tile(E* dst, int64_t dst_stride, const E* const* src) {
+  constexpr int W = 16 / sizeof(E);
+  v4x32 r[W];
+  for (int j = 0; j < W; ++j) std::memcpy(&r[j], src[j], 16);
+  // log2(W) stages, units and groups doubling, leave row c holding column c.
+  if constexpr (W == 8) {
+    transpose_stage<uint16_t, 8, 2>(r);
+    transpose_stage<uint32_t, 8, 4>(r);
+    transpose_stage<uint64_t, 8, 8>(r);
+  } else {
+    transpose_stage<uint32_t, 4, 2>(r);
+    transpose_stage<uint64_t, 4, 4>(r);
+  }
+  for (int c = 0; c < W; ++c) std::memcpy(dst + c * dst_stride, &r[c], 16);
+}
+
+/// The paged layout for a kAuto cache, tokens [t0, t0 + n) going to the consecutive slots
+/// [o0, o0 + n) of one block: each 16-byte key chunk c of those tokens fills one contiguous run
+/// of the block's chunk c, and the values are transposed so that row d of the block gets n
+/// contiguous elements. A token-by-token scatter would write each value element alone, block_size
+/// elements apart.
+template <ScalarType T>
+void paged_auto_run(const cache::ReshapeAndCacheProblem& p, int64_t t0, int64_t n, int64_t block,
+                    int64_t o0) {
+  using S = vec::storage_t<T>;
+  constexpr int64_t kChunkBytes = 16;
+  constexpr int64_t x = kChunkBytes / sizeof(S);  // cache::paged_key_chunk for kAuto
+  constexpr int64_t kMaxRun = 64;
+  const int64_t bs = p.block_size;
+  const int64_t hs = p.head_size;
+  for (int64_t h = 0; h < p.num_kv_heads; ++h) {
+    const S* k[kMaxRun];
+    const S* v[kMaxRun];
+    for (int64_t j = 0; j < n; ++j) {
+      k[j] = static_cast<const S*>(p.key) + (t0 + j) * p.key_token_stride + h * p.key_head_stride;
+      v[j] = static_cast<const S*>(p.value) + (t0 + j) * p.value_token_stride +
+             h * p.value_head_stride;
+    }
+    S* kd = static_cast<S*>(p.key_cache) + block * p.key_cache_block_stride +
+            h * p.key_cache_head_stride + o0 * x;
+    for (int64_t c = 0; c < hs / x; ++c) {
+      S* dst = kd + c * bs * x;
+      for (int64_t j = 0; j < n; ++j) std::memcpy(dst + j * x, k[j] + c * x, kChunkBytes);
+    }
+    S* vd = static_cast<S*>(p.value_cache) + block * p.value_cache_block_stride +
+            h * p.value_cache_head_stride + o0;
+    constexpr int64_t W = kChunkBytes / sizeof(S);
+    int64_t j0 = 0;
+    for (; j0 + W <= n; j0 += W) {
+      const S* rows[W];
+      for (int64_t d0 = 0; d0 < hs; d0 += W) {  // head_size is a multiple of x = W
+        for (int64_t j = 0; j < W; ++j) rows[j] = v[j0 + j] + d0;
+        transpose_tile<S>(vd + d0 * bs + j0, bs, rows);
+      }
+    }
+    for (int64_t d = 0; d < hs && j0 < n; ++d) {
+      S* dst = vd + d * bs;
+      for (int64_t j = j0; j < n; ++j) dst[j] = v[j][d];
+    }
+  }
+}
+
 template <ScalarType T>
 void reshape_and_cache_rows(const cache::ReshapeAndCacheProblem& p, int64_t token_begin,
                             int64_t token_end) {
@@ -91,6 +191,17 @@ void reshape_and_cache_rows(const cache::ReshapeAndCacheProblem& p, int64_t toke
     if (slot < 0 || slot >= p.num_slots) continue;  // padding (the binding rejects the rest)
     const int64_t block = slot / p.block_size;
     const int64_t offset = slot - block * p.block_size;
+    if (!flash && p.cache_dtype == cache::KvCacheDtype::kAuto) {
+      // The run of following tokens that fill the next slots of the same block (prefill).
+      int64_t n = 1;
+      while (n < 64 && t + n < token_end && offset + n < p.block_size &&
+             p.slot_mapping[t + n] == slot + n) {
+        ++n;
+      }
+      paged_auto_run<T>(p, t, n, block, offset);
+      t += n - 1;
+      continue;
+    }
     for (int64_t h = 0; h < p.num_kv_heads; ++h) {
       const char* k = key + (t * p.key_token_stride + h * p.key_head_stride) * in_elem;
       const char* v = value + (t * p.value_token_stride + h * p.value_head_stride) * in_elem;
