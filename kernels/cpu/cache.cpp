@@ -30,32 +30,18 @@ void quantize_row(uint8_t* dst, int64_t dst_stride, const vec::storage_t<T>* src
   }
 }
 
-/// Element-wise copy with a destination stride (paged values); E is the element's size.
-template <typename E>
-void strided_copy(void* dst, int64_t dst_stride, const void* src, int64_t n) {
-  E* d = static_cast<E*>(dst);
-  const E* s = static_cast<const E*>(src);
-  for (int64_t i = 0; i < n; ++i) d[i * dst_stride] = s[i];
-}
-
 /// Writes one (token, head) row of `n` elements: `x` contiguous rows of a paged key (chunks of
 /// x elements, chunk_stride apart), a flash row (x = n), or a paged value (x = 1,
 /// chunk_stride = block_size). `out` points at element 0 of the row's place in the cache.
+/// kAuto caches come here for the flash layout only.
 template <ScalarType T>
 void write_row(const cache::ReshapeAndCacheProblem& p, void* out, const void* in, int64_t x,
                int64_t chunk_stride, float inv_scale) {
   using S = vec::storage_t<T>;
   const int64_t n = p.head_size;
   const S* src = static_cast<const S*>(in);
-  if (p.cache_dtype == cache::KvCacheDtype::kAuto) {
-    S* dst = static_cast<S*>(out);
-    if (x == 1) {
-      strided_copy<S>(dst, chunk_stride, src, n);
-    } else {
-      for (int64_t c = 0; c * x < n; ++c) {
-        std::memcpy(dst + c * chunk_stride, src + c * x, sizeof(S) * x);
-      }
-    }
+  if (p.cache_dtype == cache::KvCacheDtype::kAuto) {  // a flash row (paged: paged_auto_run)
+    std::memcpy(out, src, sizeof(S) * n);
     return;
   }
   uint8_t* dst = static_cast<uint8_t*>(out);
@@ -127,13 +113,15 @@ APHRODITE_VEC_INLINE void transpose_tile(E* dst, int64_t dst_stride, const E* co
 /// of the block's chunk c, and the values are transposed so that row d of the block gets n
 /// contiguous elements. A token-by-token scatter would write each value element alone, block_size
 /// elements apart.
+/// The most tokens paged_auto_run takes at once.
+constexpr int64_t kMaxRun = 64;
+
 template <ScalarType T>
 void paged_auto_run(const cache::ReshapeAndCacheProblem& p, int64_t t0, int64_t n, int64_t block,
                     int64_t o0) {
   using S = vec::storage_t<T>;
   constexpr int64_t kChunkBytes = 16;
   constexpr int64_t x = kChunkBytes / sizeof(S);  // cache::paged_key_chunk for kAuto
-  constexpr int64_t kMaxRun = 64;
   const int64_t bs = p.block_size;
   const int64_t hs = p.head_size;
   for (int64_t h = 0; h < p.num_kv_heads; ++h) {
@@ -152,12 +140,12 @@ void paged_auto_run(const cache::ReshapeAndCacheProblem& p, int64_t t0, int64_t 
     }
     S* vd = static_cast<S*>(p.value_cache) + block * p.value_cache_block_stride +
             h * p.value_cache_head_stride + o0;
-    constexpr int64_t W = kChunkBytes / sizeof(S);
+    // x x x tiles (x = the elements of 16 bytes; head_size is a multiple of x).
     int64_t j0 = 0;
-    for (; j0 + W <= n; j0 += W) {
-      const S* rows[W];
-      for (int64_t d0 = 0; d0 < hs; d0 += W) {  // head_size is a multiple of x = W
-        for (int64_t j = 0; j < W; ++j) rows[j] = v[j0 + j] + d0;
+    for (; j0 + x <= n; j0 += x) {
+      const S* rows[x];
+      for (int64_t d0 = 0; d0 < hs; d0 += x) {
+        for (int64_t j = 0; j < x; ++j) rows[j] = v[j0 + j] + d0;
         transpose_tile<S>(vd + d0 * bs + j0, bs, rows);
       }
     }
@@ -194,7 +182,7 @@ void reshape_and_cache_rows(const cache::ReshapeAndCacheProblem& p, int64_t toke
     if (!flash && p.cache_dtype == cache::KvCacheDtype::kAuto) {
       // The run of following tokens that fill the next slots of the same block (prefill).
       int64_t n = 1;
-      while (n < 64 && t + n < token_end && offset + n < p.block_size &&
+      while (n < kMaxRun && t + n < token_end && offset + n < p.block_size &&
              p.slot_mapping[t + n] == slot + n) {
         ++n;
       }
