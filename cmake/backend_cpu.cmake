@@ -62,6 +62,17 @@ function(_aphrodite_backend_link target)
     return()
   endif()
   target_sources(${target} PRIVATE "${PROJECT_SOURCE_DIR}/kernels/cpu/cpu_isa_ops.cpp")
+  # The bindings split rows over threads with at::parallel_for, a header template that runs
+  # the whole range on the calling thread unless the file is compiled with OpenMP (torch's CPU
+  # builds use OpenMP; at run time the module shares the libgomp that torch has loaded, same
+  # soname).
+  find_package(OpenMP COMPONENTS CXX)
+  if(OpenMP_CXX_FOUND)
+    target_link_libraries(${target} PRIVATE OpenMP::OpenMP_CXX)
+  else()
+    message(WARNING "aphrodite_ext: no OpenMP for the C++ compiler; CPU ops of ${target} will "
+      "run on one thread")
+  endif()
   foreach(_isa IN LISTS APHRODITE_CPU_ISAS)
     set(_lib ${target}_cpu_${_isa})
     add_library(${_lib} OBJECT ${_sources})

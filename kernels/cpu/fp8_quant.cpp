@@ -1,46 +1,16 @@
 // CPU FP8 E4M3 quantization (fp8_quant.h): the GPU kernels' arithmetic (an fp32 division by the
-// scale, then round to nearest even, saturating to +-448), so that both backends store the same
-// bytes. Compiled once per ISA (see vec.h).
+// scale, then cpu/fp8.h's encoder, the host twin of common/fp8.h), so that both backends store
+// the same bytes. Compiled once per ISA (see vec.h).
 #include <cmath>
-#include <cstring>
 
 #include "cpu/cpu_kernels.h"
+#include "cpu/fp8.h"
 #include "cpu/vec.h"
 
 namespace aphrodite::cpu::APHRODITE_CPU_ISA {
 namespace {
 
 using vec::vf;
-using vec::vu;
-
-/// The E4M3 byte of each lane, in its low 8 bits: round to nearest even, saturating to +-448,
-/// NaN to 0x7f with its sign; the host twin of common/fp8.h's from_float, on the bits so that
-/// it vectorises.
-APHRODITE_VEC_INLINE vu e4m3_bits(vf x) {
-  const vu bits = vec::as_u(x);
-  const vu sign = (bits >> 24) & 0x80u;
-  const vu mag = bits & 0x7fffffffu;
-  // |x| >= 2^-6 (normal E4M3): drop 20 of the 23 mantissa bits, rounding to nearest even (a
-  // carry moves into the exponent), then rebias the exponent from 127 to 7.
-  const vu normal = ((mag + 0x7ffffu + ((mag >> 20) & 1u)) >> 20) - (120u << 3);
-  // |x| < 2^-6 (subnormal E4M3, multiples of 2^-9): |x| * 2^9 < 8 is exact, and adding 2^23
-  // rounds it to an integer (nearest even) held in the low mantissa bits; 8 is the smallest
-  // normal's encoding.
-  const vu subnormal = vec::as_u(vec::as_f(mag) * 512.0f + 8388608.0f) - 0x4b000000u;
-  vu r = mag < 0x3c800000u ? subnormal : normal;
-  r = mag >= 0x43e00000u ? vu{} + 0x7eu : r;  // |x| >= 448, infinities included: saturate
-  r = mag > 0x7f800000u ? vu{} + 0x7fu : r;   // NaN
-  return r | sign;
-}
-
-/// kLanes bytes.
-typedef uint8_t vb __attribute__((vector_size(vec::kLanes)));
-
-/// Stores the low bytes of the first n lanes of r.
-APHRODITE_VEC_INLINE void store_bytes(uint8_t* p, vu r, int64_t n) {
-  const vb bytes = __builtin_convertvector(r, vb);
-  std::memcpy(p, &bytes, static_cast<size_t>(n));
-}
 
 /// max |x[i]| over [0, n); NaN elements are ignored (as the GPU kernels' fmaxf does).
 template <ScalarType T>
@@ -64,8 +34,9 @@ void quantize_row(uint8_t* out, const vec::storage_t<T>* x, int64_t n, float div
   constexpr int L = vec::kLanes;
   const vf d = vec::bcast(divisor);
   int64_t i = 0;
-  for (; i + L <= n; i += L) store_bytes(out + i, e4m3_bits(vec::load<T>(x + i) / d), L);
-  if (i < n) store_bytes(out + i, e4m3_bits(vec::load_partial<T>(x + i, n - i) / d), n - i);
+  for (; i + L <= n; i += L) fp8::store_bytes(out + i, fp8::e4m3_bits(vec::load<T>(x + i) / d), L);
+  if (i < n)
+    fp8::store_bytes(out + i, fp8::e4m3_bits(vec::load_partial<T>(x + i, n - i) / d), n - i);
 }
 
 template <ScalarType T>

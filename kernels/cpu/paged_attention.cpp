@@ -17,7 +17,7 @@
 //   V row d of a block is [block_size] contiguous, so acc[d][t] += p[t] * v[d][t], folded into
 //   W = min(block_size, lanes) accumulators per row that are summed once per partition.
 // Caches stored as fp16/bf16/fp8 are converted block by block into an fp32 scratch first (fp8 by
-// an exact 256-entry table; k_scale is folded into q and v_scale into the output).
+// cpu/fp8.h's exact 256-entry table; k_scale is folded into q and v_scale into the output).
 //
 // v2 writes each partition's normalised output to tmp_out, its max logit and exp sum to
 // max_logits / exp_sums (the CUDA kernel's convention), and reduces them into out in the same
@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "cpu/cpu_kernels.h"
+#include "cpu/fp8.h"
 #include "cpu/vec.h"
 
 namespace aphrodite::cpu::APHRODITE_CPU_ISA {
@@ -40,28 +41,6 @@ using attention::PagedAttentionV2Scratch;
 using vec::vf;
 constexpr int L = vec::kLanes;
 
-/// The exact value of an E4M3 ("e4m3fn": bias 7, no infinities, S.1111.111 is NaN) byte; the
-/// same decode as kernels/common/fp8.h's to_float.
-constexpr float e4m3_value(int b) {
-  const int exp = (b >> 3) & 0xf;
-  const int man = b & 0x7;
-  const float sign = (b & 0x80) ? -1.0f : 1.0f;
-  if (exp == 0xf && man == 0x7) return std::numeric_limits<float>::quiet_NaN();
-  if (exp == 0) return sign * static_cast<float>(man) * 0x1p-9f;  // subnormal: man / 8 * 2^-6
-  float v = 1.0f + static_cast<float>(man) * 0.125f;
-  for (int e = exp; e > 7; --e) v *= 2.0f;
-  for (int e = exp; e < 7; ++e) v *= 0.5f;
-  return sign * v;
-}
-
-struct E4m3Table {
-  float v[256];
-  constexpr E4m3Table() : v() {
-    for (int b = 0; b < 256; ++b) v[b] = e4m3_value(b);
-  }
-};
-constexpr E4m3Table kE4m3;
-
 /// The element type the caches store, per the problem's dtype and cache dtype.
 enum class CacheKind { kF32, kF16, kBF16, kFp8 };
 
@@ -70,7 +49,7 @@ template <CacheKind C>
 APHRODITE_VEC_INLINE void convert(float* __restrict dst, const void* src, int64_t n) {
   if constexpr (C == CacheKind::kFp8) {
     const uint8_t* s = static_cast<const uint8_t*>(src);
-    for (int64_t i = 0; i < n; ++i) dst[i] = kE4m3.v[s[i]];
+    for (int64_t i = 0; i < n; ++i) dst[i] = fp8::to_float(s[i]);
   } else {
     constexpr ScalarType T = C == CacheKind::kF32   ? ScalarType::kFloat32
                              : C == CacheKind::kF16 ? ScalarType::kFloat16

@@ -49,6 +49,48 @@ def test_extreme_values(device):
     torch.testing.assert_close(out, act_and_mul_ref("silu_and_mul", x), atol=1e-5, rtol=1e-5)
 
 
+# Exact GELU over its whole range: a dense sweep (every interval of the CPU kernels' polynomial
+# table and both ends of each), large and tiny magnitudes and the special values, against float64.
+GELU_SPECIALS = [0.0, -0.0, 1e-45, -1e-45, 1e-38, -1e-30, 1e-7, -1e-7, 0.75, -0.75, 6.0, -6.0]
+GELU_SPECIALS += [5.999999, -5.999999, 6.000001, -6.000001, 13.0, -13.0, 1e4, -1e4, 1e30, -1e30]
+GELU_SPECIALS += [float("inf"), float("-inf"), float("nan")]
+
+
+def _gelu_f64(x):
+    x = x.double()
+    return x * torch.special.ndtr(x)
+
+
+def _gelu_inputs(dtype, device):
+    x = torch.cat([torch.linspace(-8, 8, 160001), torch.tensor(GELU_SPECIALS)]).to(dtype)
+    gate = torch.ones_like(x)
+    return x, torch.cat([x, gate]).unsqueeze(0).to(device)
+
+
+def test_gelu_accuracy_fp32(device):
+    x, inp = _gelu_inputs(torch.float32, device)
+    out = torch.full((1, x.numel()), float("nan"), device=device)
+    _op("gelu_and_mul")(out, inp)
+    # Phi is within a few fp32 ulps of the truth relative to itself down to x = -4.5 and within
+    # 4e-6 to x = -6; below, |gelu| < 6e-9 (the kernels may give 0, as torch's fp32 gelu does from
+    # x = -5.6 on); -inf gives NaN, as torch's does.
+    torch.testing.assert_close(
+        out[0].cpu().double(), _gelu_f64(x), rtol=5e-6, atol=6e-9, equal_nan=True
+    )
+
+
+def test_gelu_accuracy_bf16(device):
+    x, inp = _gelu_inputs(torch.bfloat16, device)
+    out = torch.full((1, x.numel()), float("nan"), dtype=torch.bfloat16, device=device)
+    _op("gelu_and_mul")(out, inp)
+    expected = _gelu_f64(x).to(torch.bfloat16).double()
+    # One rounding to bf16 of an fp32 result: at most one bf16 ulp from the rounded truth (or
+    # below 6e-9 in magnitude, as in the fp32 test).
+    torch.testing.assert_close(
+        out[0].cpu().double(), expected, rtol=2.0**-7, atol=6e-9, equal_nan=True
+    )
+
+
 @pytest.mark.parametrize(
     "bad, match",
     [

@@ -65,6 +65,13 @@ def make_slots(tokens, num_blocks, block_size, device, pattern):
     if pattern == "consecutive":
         start = int(torch.randint(0, num_blocks * block_size - tokens + 1, ())) // 3 * 3
         slots = torch.arange(start, start + tokens)
+    elif pattern == "runs":
+        # Prefill through shuffled blocks: long runs of consecutive slots, the first starting
+        # mid-block; one padding token in the middle (the ends of runs fall everywhere).
+        slots = torch.arange(3, 3 + tokens)
+        slots = torch.randperm(num_blocks)[slots // block_size] * block_size + slots % block_size
+        slots[tokens // 2] = -1
+        return slots.to(device)
     else:
         slots = torch.randperm(num_blocks * block_size)[:tokens]
     slots[2::5] = -1
@@ -141,6 +148,16 @@ def run_and_check(
 def test_reshape_and_cache(device, dtype, block_size, head_size, tokens):
     pattern = "consecutive" if (head_size + block_size) % 3 else "random"
     run_and_check(device, dtype, block_size, head_size, tokens, False, pattern)
+
+
+@pytest.mark.parametrize("head_size", [64, 80])
+@pytest.mark.parametrize("block_size", [8, 16, 128])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("flash", [False, True])
+def test_reshape_and_cache_prefill_runs(device, dtype, block_size, head_size, flash):
+    # Whole runs of tokens into consecutive slots of a block (copied as transposed tiles on CPU),
+    # runs longer than 64 included.
+    run_and_check(device, dtype, block_size, head_size, 301, flash, "runs")
 
 
 @pytest.mark.parametrize("tokens", TOKENS)
