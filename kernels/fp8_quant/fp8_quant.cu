@@ -204,24 +204,26 @@ __device__ __forceinline__ float tiles_absmax(const Tiles<T>& a, uint32_t first,
   return m;
 }
 
-/// out = e4m3(in / scale) over the tiles first, first + step, ... of a.
-template <typename T, int kVec, int kBlock>
-__device__ __forceinline__ void tiles_quantize(const Tiles<T>& a, const Divisor& scale,
-                                               uint32_t first, uint32_t step) {
+/// out = e4m3(in / scale) over the tiles first, first + step, ... of a. `scale` is a Divisor, or
+/// a float whose Divisor is made where it is first used: after the tile's loads, so that a
+/// scale still on its way from memory waits beside them, not before them.
+template <typename T, int kVec, int kBlock, typename Scale>
+__device__ __forceinline__ void tiles_quantize(const Tiles<T>& a, Scale scale, uint32_t first,
+                                               uint32_t step) {
   auto out_row = [&](uint32_t row) { return a.out + static_cast<int64_t>(row) * a.out_stride; };
   for_each_tile<T, kVec, kBlock>(
       a, first, step,
       [&](uint32_t row, int64_t c, const Vec<T, kVec>& v) {
-        store_quantized(out_row(row) + c * kVec, v, scale);
+        store_quantized(out_row(row) + c * kVec, v, Divisor(scale));
       },
-      [&](uint32_t row, int64_t e, float x) { out_row(row)[e] = quantize(x, scale); });
+      [&](uint32_t row, int64_t e, float x) { out_row(row)[e] = quantize(x, Divisor(scale)); });
 }
 
 template <typename T, int kVec>
 __global__ void __launch_bounds__(kThreads) static_quant_kernel(const Tiles<T> a) {
   // The given scale is used as it is: a zero scale gives +-448 (and NaN for 0 / 0), as the
   // reference's division does.
-  const Divisor scale(*a.scale);
+  const float scale = *a.scale;
   tiles_quantize<T, kVec, kThreads>(a, scale, blockIdx.x, gridDim.x);
 }
 
