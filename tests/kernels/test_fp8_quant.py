@@ -192,8 +192,9 @@ def test_three_dim_input(device, op):
 def test_static_saturates(device, dtype):
     x = make_input((9, 777), dtype, device)
     x[0, :4] = torch.tensor([1e4, -1e4, 460.0, -470.0], dtype=dtype)
-    # Elements above the mean magnitude (about 40 % of them) are beyond 448 * scale.
-    scale = torch.tensor([float(x.float().abs().mean()) / 448], device=device)
+    # Elements above the median magnitude (half of them) are beyond 448 * scale. (A mean-based
+    # scale let the outliers of make_input push that share under 10 % in a few % of draws.)
+    scale = torch.tensor([float(x.float().abs().median()) / 448], device=device)
     out = poisoned_result(x.shape, device)
     torch.ops._C.static_scaled_fp8_quant(out, x, scale)
     ref = static_scaled_fp8_quant_ref(x, scale)
