@@ -20,14 +20,25 @@ namespace aphrodite::attention {
 #if APHRODITE_PAGED_ATTENTION_MMA
 namespace detail {
 
-/// The current device's compute capability major (the mma kernel needs 8 or more).
-inline int device_major() {
-  int dev = 0, major = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
-    return 0;
+/// Whether the current device can run `kernel` with `dynamic_smem` bytes of dynamic shared
+/// memory: compute capability 8.0 or newer (mma.sync bf16, ldmatrix, cp.async) and the kernel's
+/// static plus dynamic shared memory within the device's per-block opt-in limit (227 KiB on
+/// sm_90 and sm_100, 163 KiB on sm_80, 99 KiB on sm_86, sm_89 and sm_120, where the 96 KiB rings
+/// of head sizes 128 and up, and of block size 32, do not fit: those problems run staged).
+template <typename Kernel>
+bool mma_runs_here(Kernel kernel, int dynamic_smem) {
+  int dev = 0, major = 0, optin = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return false;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+      major < 8) {
+    return false;
   }
-  return major;
+  if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
+    return false;
+  }
+  cudaFuncAttributes attr{};
+  if (cudaFuncGetAttributes(&attr, kernel) != cudaSuccess) return false;
+  return static_cast<int64_t>(attr.sharedSizeBytes) + dynamic_smem <= optin;
 }
 
 }  // namespace detail
@@ -72,9 +83,9 @@ gpuError_t paged_attention_run(const PagedAttentionProblem& p,
   // same dtype, on sm_80+ and for partitions of whole steps; everything else runs staged.
   if constexpr (std::is_same_v<T, CacheT> && !std::is_same_v<T, float> && kHead % 16 == 0) {
     using M = detail::MmaShape<T, kHead, kBS>;
-    if (l.partition_size % M::kU == 0 && detail::device_major() >= 8) {
-      return launch(detail::paged_attention_mma_kernel<T, kHead, kBS>, detail::kMmaRows,
-                    M::kSmemBytes);
+    auto kernel = detail::paged_attention_mma_kernel<T, kHead, kBS>;
+    if (l.partition_size % M::kU == 0 && detail::mma_runs_here(kernel, M::kSmemBytes)) {
+      return launch(kernel, detail::kMmaRows, M::kSmemBytes);
     }
   }
 #endif
