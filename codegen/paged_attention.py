@@ -15,7 +15,8 @@ Options (APHRODITE_GENERATOR_OPTIONS="paged_attention.head_sizes=128;paged_atten
   kernel       mma (default), staged or regs: the attention kernel that the launchers run.
                mma runs fp16/bf16 queries over caches of the same dtype on sm_80+ with
                tensor cores (paged_attention_mma_kernel, kernels/attention/
-               paged_attention_mma.cuh) and everything else (fp32, fp8 caches) as staged;
+               paged_attention_mma.cuh) where its shared memory fits the device, and
+               everything else (fp32, fp8 caches) as staged;
                staged copies K and V into a shared-memory ring with cp.async
                (paged_attention_staged_kernel; CUDA only: rocm builds run regs); regs loads
                them into registers (paged_attention_kernel, the first kernel). On an H100
