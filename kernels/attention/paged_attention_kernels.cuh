@@ -194,6 +194,68 @@ struct Launch {
   int num_splits;          ///< blocks per kv head (ceil(G / kG))
 };
 
+/// The tokens [begin, end) of a sequence of seq_len tokens that this block's partition
+/// (blockIdx.y) covers. skip: a partition past the sequence's end, which the reduce never
+/// reads (v1's block of an empty sequence is not skipped: it writes the zeros). direct: the
+/// result goes to `out` (v1, or a sequence of one partition) instead of v2's scratch.
+struct PartitionRange {
+  int begin;
+  int end;
+  bool skip;
+  bool direct;
+};
+
+__device__ __forceinline__ PartitionRange partition_range(const Launch& l, int seq_len) {
+  const int64_t begin = static_cast<int64_t>(blockIdx.y) * l.partition_size;
+  PartitionRange r;
+  r.skip = begin >= seq_len && !(seq_len == 0 && blockIdx.y == 0 && l.exp_sums == nullptr);
+  r.begin = static_cast<int>(begin);
+  r.end = static_cast<int>(seq_len < begin + l.partition_size ? seq_len : begin + l.partition_size);
+  r.direct = l.exp_sums == nullptr || seq_len <= l.partition_size;
+  return r;
+}
+
+/// v1 on an empty sequence: zeros in `out` for heads [head0, head0 + ng) of sequence s.
+template <typename T, int kHead>
+__device__ __forceinline__ void write_zero_heads(const PagedAttentionProblem& p, int64_t s,
+                                                 int head0, int ng) {
+  for (int i = threadIdx.x; i < ng * kHead; i += kThreads) {
+    T* o = static_cast<T*>(p.out) + s * p.num_heads * kHead +
+           static_cast<int64_t>(head0 + i / kHead) * kHead + i % kHead;
+    *o = from_float<T>(0.0f);
+  }
+}
+
+/// q[s, h, d], plus pos_bias_u[s, h, d] for XL, in fp32.
+template <typename T>
+__device__ __forceinline__ float query_value(const PagedAttentionProblem& p, int64_t s, int64_t h,
+                                             int d, bool xl) {
+  float v = to_float(static_cast<const T*>(p.query)[s * p.q_seq_stride + h * p.q_head_stride + d]);
+  if (xl) {
+    v +=
+        to_float(static_cast<const T*>(p.pos_bias_u)[s * p.u_seq_stride + h * p.u_head_stride + d]);
+  }
+  return v;
+}
+
+/// Element d of head h's result for sequence s: into `out` (direct), else into the partition's
+/// scratch row, with (once, from d == 0) its max logit, in natural-log units, and exp sum.
+template <typename T, int kHead>
+__device__ __forceinline__ void store_result(const PagedAttentionProblem& p, const Launch& l,
+                                             int64_t s, int64_t h, int d, float v, bool direct,
+                                             float max_logit, float exp_sum) {
+  if (direct) {
+    static_cast<T*>(p.out)[(s * p.num_heads + h) * kHead + d] = from_float<T>(v);
+  } else {
+    const int64_t row = (s * p.num_heads + h) * l.max_num_partitions + blockIdx.y;
+    l.tmp_out[row * kHead + d] = v;
+    if (d == 0) {
+      l.max_logits[row] = max_logit;
+      l.exp_sums[row] = exp_sum;
+    }
+  }
+}
+
 /// One thread block: sequence blockIdx.z (+ k * gridDim.z), kv head blockIdx.x / num_splits,
 /// query heads [split * kG, ...) of its group, tokens of partition blockIdx.y.
 template <typename T, typename CacheT, int kHead, int kBS, int kG>
@@ -229,20 +291,12 @@ __launch_bounds__(kThreads)  // as before the option: (kThreads, 1) compiles a l
 
   for (int64_t s = blockIdx.z; s < p.num_seqs; s += gridDim.z) {
     const int seq_len = p.seq_lens[s];
-    const int64_t begin = static_cast<int64_t>(blockIdx.y) * l.partition_size;
-    if (begin >= seq_len && !(seq_len == 0 && blockIdx.y == 0 && l.exp_sums == nullptr)) {
-      continue;  // an empty partition: the reduce never reads it
-    }
-    const int end =
-        static_cast<int>(seq_len < begin + l.partition_size ? seq_len : begin + l.partition_size);
-    const bool direct = l.exp_sums == nullptr || seq_len <= l.partition_size;
-
+    const PartitionRange range = partition_range(l, seq_len);
+    if (range.skip) continue;
+    const int begin = range.begin, end = range.end;
+    const bool direct = range.direct;
     if (seq_len == 0) {  // v1 only (v2's reduce writes the zeros)
-      for (int i = tid; i < ng * kHead; i += kThreads) {
-        T* o = static_cast<T*>(p.out) + s * p.num_heads * kHead +
-               static_cast<int64_t>(head0 + i / kHead) * kHead + i % kHead;
-        *o = from_float<T>(0.0f);
-      }
+      write_zero_heads<T, kHead>(p, s, head0, ng);
       continue;
     }
 
@@ -250,15 +304,7 @@ __launch_bounds__(kThreads)  // as before the option: (kThreads, 1) compiles a l
     const float qmul = p.scale * k_scale;
     for (int i = tid; i < kG * kHead; i += kThreads) {
       const int g = i / kHead, d = i % kHead;
-      float v = 0.0f;
-      if (g < ng) {
-        const int64_t h = head0 + g;
-        v = to_float(static_cast<const T*>(p.query)[s * p.q_seq_stride + h * p.q_head_stride + d]);
-        if (xl) {
-          v += to_float(
-              static_cast<const T*>(p.pos_bias_u)[s * p.u_seq_stride + h * p.u_head_stride + d]);
-        }
-      }
+      const float v = g < ng ? query_value<T>(p, s, head0 + g, d, xl) : 0.0f;
       q_s[g][d] = v * qmul;
     }
     if (tid < kG) {
@@ -274,7 +320,7 @@ __launch_bounds__(kThreads)  // as before the option: (kThreads, 1) compiles a l
 
     const int32_t* __restrict__ table = p.block_tables + s * p.block_table_stride;
     const float* slopes = p.alibi_slopes;
-    for (int c0 = static_cast<int>(begin); c0 < end; c0 += kChunk) {
+    for (int c0 = begin; c0 < end; c0 += kChunk) {
       const int n = cmin(kChunk, end - c0);  // valid tokens of this chunk
       const int nb = cdiv(n, kBS);           // cache blocks it touches
       const int first_block = c0 / kBS;      // c0 is a multiple of kBS
@@ -478,16 +524,7 @@ __launch_bounds__(kThreads)  // as before the option: (kThreads, 1) compiles a l
       const int64_t h = head0 + g;
       const float total = run_sum[g];
       const float v = total > 0.0f ? red_s[g][d] * v_scale / total : 0.0f;
-      if (direct) {
-        static_cast<T*>(p.out)[(s * p.num_heads + h) * kHead + d] = from_float<T>(v);
-      } else {
-        const int64_t row = (s * p.num_heads + h) * l.max_num_partitions + blockIdx.y;
-        l.tmp_out[row * kHead + d] = v;
-        if (d == 0) {
-          l.max_logits[row] = run_max[g];
-          l.exp_sums[row] = total;
-        }
-      }
+      store_result<T, kHead>(p, l, s, h, d, v, direct, run_max[g], total);
     }
     __syncthreads();  // q_s, run_* and red_s are reused by the next sequence
   }
@@ -689,27 +726,19 @@ __global__ void __launch_bounds__(kThreads, 3)  // 3 blocks an SM: what the ring
 
   for (int64_t s = blockIdx.z; s < p.num_seqs; s += gridDim.z) {
     const int seq_len = p.seq_lens[s];
-    const int64_t begin = static_cast<int64_t>(blockIdx.y) * l.partition_size;
-    if (begin >= seq_len && !(seq_len == 0 && blockIdx.y == 0 && l.exp_sums == nullptr)) {
-      continue;  // an empty partition: the reduce never reads it
-    }
-    const int end =
-        static_cast<int>(seq_len < begin + l.partition_size ? seq_len : begin + l.partition_size);
-    const bool direct = l.exp_sums == nullptr || seq_len <= l.partition_size;
-
+    const PartitionRange range = partition_range(l, seq_len);
+    if (range.skip) continue;
+    const int begin = range.begin, end = range.end;
+    const bool direct = range.direct;
     if (seq_len == 0) {  // v1 only (v2's reduce writes the zeros)
-      for (int i = tid; i < ng * kHead; i += kThreads) {
-        T* o = static_cast<T*>(p.out) + s * p.num_heads * kHead +
-               static_cast<int64_t>(head0 + i / kHead) * kHead + i % kHead;
-        *o = from_float<T>(0.0f);
-      }
+      write_zero_heads<T, kHead>(p, s, head0, ng);
       continue;
     }
 
     const int32_t* __restrict__ table = p.block_tables + s * p.block_table_stride;
     // The producer: the next tile to copy (chunk start, K or V, tile within the chunk) and the
     // ring slot it goes to. Every thread keeps the same state; each copies a share of a tile.
-    int pc0 = static_cast<int>(begin);
+    int pc0 = begin;
     int pkind = 0;  // 0: K, 1: V
     int ptile = 0;
     int pslot = 0;
@@ -760,15 +789,7 @@ __global__ void __launch_bounds__(kThreads, 3)  // 3 blocks an SM: what the ring
     const float qmul = p.scale * k_scale;
     for (int i = tid; i < kG * kHead; i += kThreads) {
       const int g = i / kHead, d = i % kHead;
-      float v = 0.0f;
-      if (g < ng) {
-        const int64_t h = head0 + g;
-        v = to_float(static_cast<const T*>(p.query)[s * p.q_seq_stride + h * p.q_head_stride + d]);
-        if (xl) {
-          v += to_float(
-              static_cast<const T*>(p.pos_bias_u)[s * p.u_seq_stride + h * p.u_head_stride + d]);
-        }
-      }
+      const float v = g < ng ? query_value<T>(p, s, head0 + g, d, xl) : 0.0f;
       q_s[g][d] = v * qmul;
     }
     if (tid < kG) {
@@ -787,7 +808,7 @@ __global__ void __launch_bounds__(kThreads, 3)  // 3 blocks an SM: what the ring
 
     const float* slopes = p.alibi_slopes;
 #pragma unroll 1
-    for (int c0 = static_cast<int>(begin); c0 < end; c0 += kChunk) {
+    for (int c0 = begin; c0 < end; c0 += kChunk) {
       const int n = cmin(kChunk, end - c0);  // valid tokens of this chunk
       const int nb = cdiv(n, kBS);           // cache blocks it touches
       const int ntile = cdiv(nb, SS::kTB);
@@ -928,16 +949,7 @@ __global__ void __launch_bounds__(kThreads, 3)  // 3 blocks an SM: what the ring
       const int64_t h = head0 + g;
       const float total = run_sum[g];
       const float v = total > 0.0f ? red_s[g][d] * v_scale / total : 0.0f;
-      if (direct) {
-        static_cast<T*>(p.out)[(s * p.num_heads + h) * kHead + d] = from_float<T>(v);
-      } else {
-        const int64_t row = (s * p.num_heads + h) * l.max_num_partitions + blockIdx.y;
-        l.tmp_out[row * kHead + d] = v;
-        if (d == 0) {
-          l.max_logits[row] = run_max[g];
-          l.exp_sums[row] = total;
-        }
-      }
+      store_result<T, kHead>(p, l, s, h, d, v, direct, run_max[g], total);
     }
     __syncthreads();  // q_s, run_*, red_s and the ring are reused by the next sequence
   }

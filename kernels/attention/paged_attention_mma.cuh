@@ -148,21 +148,12 @@ __global__ void __launch_bounds__(kThreads)
 
   for (int64_t s = blockIdx.z; s < p.num_seqs; s += gridDim.z) {
     const int seq_len = p.seq_lens[s];
-    const int64_t begin64 = static_cast<int64_t>(blockIdx.y) * l.partition_size;
-    if (begin64 >= seq_len && !(seq_len == 0 && blockIdx.y == 0 && l.exp_sums == nullptr)) {
-      continue;  // an empty partition: the reduce never reads it
-    }
-    const int begin = static_cast<int>(begin64);
-    const int end = static_cast<int>(
-        seq_len < begin64 + l.partition_size ? seq_len : begin64 + l.partition_size);
-    const bool direct = l.exp_sums == nullptr || seq_len <= l.partition_size;
-
+    const PartitionRange range = partition_range(l, seq_len);
+    if (range.skip) continue;
+    const int begin = range.begin, end = range.end;
+    const bool direct = range.direct;
     if (seq_len == 0) {  // v1 only (v2's reduce writes the zeros)
-      for (int i = tid; i < ng * kHead; i += kThreads) {
-        T* o = static_cast<T*>(p.out) + s * p.num_heads * kHead +
-               static_cast<int64_t>(head0 + i / kHead) * kHead + i % kHead;
-        *o = from_float<T>(0.0f);
-      }
+      write_zero_heads<T, kHead>(p, s, head0, ng);
       continue;
     }
 
@@ -231,15 +222,7 @@ __global__ void __launch_bounds__(kThreads)
     // q (+ u for XL) of the block's heads in the input dtype; rows past the group are zeros.
     for (int i = tid; i < kMmaRows * kHead; i += kThreads) {
       const int g = i / kHead, d = i % kHead;
-      float v = 0.0f;
-      if (g < ng) {
-        const int64_t h = head0 + g;
-        v = to_float(static_cast<const T*>(p.query)[s * p.q_seq_stride + h * p.q_head_stride + d]);
-        if (xl) {
-          v += to_float(
-              static_cast<const T*>(p.pos_bias_u)[s * p.u_seq_stride + h * p.u_head_stride + d]);
-        }
-      }
+      const float v = g < ng ? query_value<T>(p, s, head0 + g, d, xl) : 0.0f;
       q_s[g * M::kQStride + d] = from_float<T>(v);
     }
     __syncthreads();  // q_s is complete (the copies above do not need it: issued first)
@@ -405,17 +388,8 @@ __global__ void __launch_bounds__(kThreads)
         num += combine[(w * kMmaRows + g) * kHead + d];
       }
       const float v = total > 0.0f ? num / total : 0.0f;
-      const int64_t h = head0 + g;
-      if (direct) {
-        static_cast<T*>(p.out)[(s * p.num_heads + h) * kHead + d] = from_float<T>(v);
-      } else {
-        const int64_t row = (s * p.num_heads + h) * l.max_num_partitions + blockIdx.y;
-        l.tmp_out[row * kHead + d] = v;
-        if (d == 0) {
-          l.max_logits[row] = mx / kLog2e;  // the reduce works in natural-log units
-          l.exp_sums[row] = total;
-        }
-      }
+      // The max is held in base-2 units; the reduce works in natural-log ones.
+      store_result<T, kHead>(p, l, s, head0 + g, d, v, direct, mx / kLog2e, total);
     }
     __syncthreads();  // q_s, m_s, l_s and the combine buffer are reused by the next sequence
   }
