@@ -135,6 +135,13 @@ __global__ void __launch_bounds__(kMaxCachedThreads) rms_norm_cached_kernel(cons
     }
   };
 
+  // Up to 4 cached vectors a thread holds its weights (the same columns in every row) for the
+  // whole kernel, loaded beside the block's first row: a lone row (decode) then waits for
+  // memory once. Beyond that the extra registers would cost more than the latency, and each
+  // row loads them (from L2) after its reduction.
+  constexpr bool kHoldWeights = kCache <= 4;
+  V wv[kCache];
+
   // Normalises and stores `row` from `cur` after issuing the loads of the block's next row into
   // `next`. Uniform across the block: every thread reaches every row_sum.
   auto process = [&](int64_t row, V(&cur)[kCache], V(&next)[kCache]) {
@@ -143,17 +150,6 @@ __global__ void __launch_bounds__(kMaxCachedThreads) rms_norm_cached_kernel(cons
 #pragma unroll
     for (int i = 0; i < kCache; ++i) {
       if (valid && first + i * tx < num_vecs) ss += sum_squares(cur[i]);
-    }
-    // The weights' loads go out before the block reduction's barriers (which no load crosses),
-    // so that a lone row (decode) waits for memory once, not twice. Up to 4 cached vectors:
-    // beyond that the extra registers would cost more than the latency.
-    constexpr bool kPrefetch = kCache <= 4;
-    V wv[kCache];
-    if constexpr (kPrefetch) {
-#pragma unroll
-      for (int i = 0; i < kCache; ++i) {
-        if (valid && first + i * tx < num_vecs) wv[i] = w[first + i * tx];
-      }
     }
     const float inv_rms = rsqrtf(row_sum(ss, smem) / hidden + a.epsilon);
     load_row(row + row_step, next);
@@ -164,7 +160,7 @@ __global__ void __launch_bounds__(kMaxCachedThreads) rms_norm_cached_kernel(cons
         const int c = first + i * tx;
         if (c < num_vecs) {
           launder(cur[i]);
-          if constexpr (!kPrefetch) wv[i] = w[c];
+          if constexpr (!kHoldWeights) wv[i] = w[c];
           o[c] = normalise(cur[i], wv[i], inv_rms);
         }
       }
@@ -177,6 +173,12 @@ __global__ void __launch_bounds__(kMaxCachedThreads) rms_norm_cached_kernel(cons
   V buf0[kCache];
   V buf1[kCache];
   load_row(row, buf0);
+  if constexpr (kHoldWeights) {
+#pragma unroll
+    for (int i = 0; i < kCache; ++i) {
+      if (first + i * tx < num_vecs) wv[i] = w[first + i * tx];
+    }
+  }
   while (row0 < a.rows) {
     process(row, buf0, buf1);
     row0 += row_step;
@@ -190,7 +192,10 @@ __global__ void __launch_bounds__(kMaxCachedThreads) rms_norm_cached_kernel(cons
 
 /// fused_add_rms_norm with the row in registers (same layout as rms_norm_cached_kernel, one row
 /// per block row at a time): loads input and residual, stores the rounded sum to the residual,
-/// then writes the normalised rounded sum to the input.
+/// then writes the normalised rounded sum to the input. A thread holds its weights (the same
+/// columns in every row) for the whole kernel, loaded before its first row's input and residual,
+/// so that a lone row (decode) waits for memory once (issued after the residual's store, which
+/// may alias them, the weight loads could not go out before the first loads return).
 template <typename T, int kVec, int kCache>
 __global__ void __launch_bounds__(kMaxCachedThreads)
     fused_add_rms_norm_cached_kernel(const NormArgs<T> a) {
@@ -202,6 +207,11 @@ __global__ void __launch_bounds__(kMaxCachedThreads)
   const float hidden = static_cast<float>(a.hidden);
   const V* w = reinterpret_cast<const V*>(a.weight);
   const int64_t row_step = static_cast<int64_t>(gridDim.x) * blockDim.y;
+  V wv[kCache];
+#pragma unroll
+  for (int i = 0; i < kCache; ++i) {
+    if (first + i * tx < num_vecs) wv[i] = w[first + i * tx];
+  }
   // The loop bound is uniform across the block, so every thread reaches every row_sum.
   for (int64_t row0 = static_cast<int64_t>(blockIdx.x) * blockDim.y; row0 < a.rows;
        row0 += row_step) {
@@ -231,8 +241,6 @@ __global__ void __launch_bounds__(kMaxCachedThreads)
         }
         res[c] = sum[i];
         ss += sum_squares(sum[i]);
-        other[i] = w[c];  // the residual is spent: its registers take the weights, loaded
-                          // before the block reduction's barriers (which no load crosses)
       }
     }
     const float inv_rms = rsqrtf(row_sum(ss, smem) / hidden + a.epsilon);
@@ -241,7 +249,7 @@ __global__ void __launch_bounds__(kMaxCachedThreads)
       const int c = first + i * tx;
       if (valid && c < num_vecs) {
         launder(sum[i]);
-        x[c] = normalise(sum[i], other[i], inv_rms);
+        x[c] = normalise(sum[i], wv[i], inv_rms);
       }
     }
   }
