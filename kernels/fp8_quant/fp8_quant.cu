@@ -165,9 +165,9 @@ struct Tiles {
 };
 
 /// Calls vec(row, c, v) for this thread's vectors v (index c in the row) of the tiles first,
-/// first + step, ... of a, and tail(row, e, x) for its tail elements; all kUnroll loads of a
-/// tile are issued before any call.
-template <typename T, int kVec, int kBlock, typename VecFn, typename TailFn>
+/// first + step, ... of a (tiles of kBlock * kU vectors), and tail(row, e, x) for its tail
+/// elements; all kU loads of a tile are issued before any call.
+template <typename T, int kVec, int kBlock, int kU, typename VecFn, typename TailFn>
 __device__ __forceinline__ void for_each_tile(const Tiles<T>& a, uint32_t first, uint32_t step,
                                               VecFn&& vec, TailFn&& tail) {
   using V = Vec<T, kVec>;
@@ -176,14 +176,14 @@ __device__ __forceinline__ void for_each_tile(const Tiles<T>& a, uint32_t first,
     const uint32_t t = tile - row * a.tiles_per_row;
     const T* x = a.in + static_cast<int64_t>(row) * a.in_stride;
     const V* xv = reinterpret_cast<const V*>(x);
-    const int64_t c0 = static_cast<int64_t>(t) * (kBlock * kUnroll) + threadIdx.x;
-    V v[kUnroll];
+    const int64_t c0 = static_cast<int64_t>(t) * (kBlock * kU) + threadIdx.x;
+    V v[kU];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+    for (int u = 0; u < kU; ++u) {
       if (c0 + u * kBlock < a.vecs_per_row) v[u] = xv[c0 + u * kBlock];
     }
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+    for (int u = 0; u < kU; ++u) {
       const int64_t c = c0 + u * kBlock;
       if (c < a.vecs_per_row) vec(row, c, v[u]);
     }
@@ -198,7 +198,7 @@ __device__ __forceinline__ void for_each_tile(const Tiles<T>& a, uint32_t first,
 template <typename T, int kVec, int kBlock>
 __device__ __forceinline__ float tiles_absmax(const Tiles<T>& a, uint32_t first, uint32_t step) {
   float m = 0.0f;
-  for_each_tile<T, kVec, kBlock>(
+  for_each_tile<T, kVec, kBlock, kUnroll>(
       a, first, step, [&](uint32_t, int64_t, const Vec<T, kVec>& v) { m = fmaxf(m, absmax(v)); },
       [&](uint32_t, int64_t, float x) { m = fmaxf(m, fabsf(x)); });
   return m;
@@ -207,11 +207,11 @@ __device__ __forceinline__ float tiles_absmax(const Tiles<T>& a, uint32_t first,
 /// out = e4m3(in / scale) over the tiles first, first + step, ... of a. `scale` is a Divisor, or
 /// a float whose Divisor is made where it is first used: after the tile's loads, so that a
 /// scale still on its way from memory waits beside them, not before them.
-template <typename T, int kVec, int kBlock, typename Scale>
+template <typename T, int kVec, int kBlock, int kU = kUnroll, typename Scale>
 __device__ __forceinline__ void tiles_quantize(const Tiles<T>& a, Scale scale, uint32_t first,
                                                uint32_t step) {
   auto out_row = [&](uint32_t row) { return a.out + static_cast<int64_t>(row) * a.out_stride; };
-  for_each_tile<T, kVec, kBlock>(
+  for_each_tile<T, kVec, kBlock, kU>(
       a, first, step,
       [&](uint32_t row, int64_t c, const Vec<T, kVec>& v) {
         store_quantized(out_row(row) + c * kVec, v, Divisor(scale));
@@ -219,12 +219,12 @@ __device__ __forceinline__ void tiles_quantize(const Tiles<T>& a, Scale scale, u
       [&](uint32_t row, int64_t e, float x) { out_row(row)[e] = quantize(x, Divisor(scale)); });
 }
 
-template <typename T, int kVec>
+template <typename T, int kVec, int kU>
 __global__ void __launch_bounds__(kThreads) static_quant_kernel(const Tiles<T> a) {
   // The given scale is used as it is: a zero scale gives +-448 (and NaN for 0 / 0), as the
   // reference's division does.
   const float scale = *a.scale;
-  tiles_quantize<T, kVec, kThreads>(a, scale, blockIdx.x, gridDim.x);
+  tiles_quantize<T, kVec, kThreads, kU>(a, scale, blockIdx.x, gridDim.x);
 }
 
 /// The per-tensor scale of a max: max / 448; 0 for an all-zero input.
@@ -444,10 +444,10 @@ int64_t resident_blocks(std::atomic<int>& cache, Kernel kernel, int threads) {
   return blocks;
 }
 
-/// The rows of p as tiles of kBlock * kUnroll vectors of kVec elements. Rows that follow each
+/// The rows of p as tiles of kBlock * kU vectors of kVec elements. Rows that follow each
 /// other without a gap (in input and output) become one row. False where the tile count
 /// overflows.
-template <typename T, int kVec, int kBlock>
+template <typename T, int kVec, int kBlock, int kU = kUnroll>
 bool make_tiles(const QuantProblem& p, Tiles<T>& a) {
   int64_t rows = p.num_tokens;
   int64_t cols = p.hidden;
@@ -465,7 +465,7 @@ bool make_tiles(const QuantProblem& p, Tiles<T>& a) {
   a.tail = static_cast<int>(cols % kVec);
   a.num_partials = 0;
   const int64_t tiles_per_row =
-      a.vecs_per_row > 0 ? ceil_div(a.vecs_per_row, int64_t{kBlock} * kUnroll) : 1;
+      a.vecs_per_row > 0 ? ceil_div(a.vecs_per_row, int64_t{kBlock} * kU) : 1;
   const int64_t num_tiles = rows * tiles_per_row;
   if (num_tiles > INT32_MAX) return false;
   a.tiles_per_row = static_cast<uint32_t>(tiles_per_row);
@@ -494,9 +494,15 @@ gpuError_t launch_static_vec(const QuantProblem& p, gpuStream_t stream) {
   if (!make_tiles<T, kVec, kThreads>(p, a)) return gpuErrorInvalidValue;
   // One tile a block (no grid-stride loop): on an H100 the persistent grid ran 8192 x 8192
   // bf16 at 0.93x of torch.compile's one-tile-a-program kernel.
-  const int64_t grid = a.num_tiles;
-  if (grid == 0) return gpuSuccess;
-  static_quant_kernel<T, kVec><<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(a);
+  if (a.num_tiles == 0) return gpuSuccess;
+  if (a.num_tiles < sm_count()) {
+    // Fewer tiles than SMs (decode sizes): one vector a thread, four times the blocks, so that
+    // the conversions of a lone row spread over more SMs.
+    if (!make_tiles<T, kVec, kThreads, 1>(p, a)) return gpuErrorInvalidValue;
+    static_quant_kernel<T, kVec, 1><<<a.num_tiles, kThreads, 0, stream>>>(a);
+  } else {
+    static_quant_kernel<T, kVec, kUnroll><<<a.num_tiles, kThreads, 0, stream>>>(a);
+  }
   return gpuGetLastError();
 }
 
