@@ -4,7 +4,8 @@
 #   APHRODITE_COMMIT=<hash> [STAGES="build test sanitize bench"] bash tools/gpu_run.sh [ARCH]
 # ARCH defaults to the visible GPU's. STAGES picks steps (a later call on a warm machine can skip
 # "build"); TESTS narrows pytest (default tests/kernels); BENCH picks benchmark scripts
-# (default: every benchmarks/bench_*.py that needs a GPU).
+# (default: every benchmarks/bench_*.py that needs a GPU). The "profile" stage (not in the
+# default) runs tools/profile_kernels.py $PROFILE_ARGS under Nsight Compute into profile.csv.
 # (.git does not travel to the GPU machine: pass the commit so results name it.)
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu_out}
@@ -62,6 +63,16 @@ if has bench; then
     python3 "benchmarks/bench_$b.py" --out "$OUT" > "$OUT/bench_$b.log" 2>&1 \
       || { echo "bench_$b failed:"; tail -15 "$OUT/bench_$b.log"; }
   done
+fi
+
+if has profile; then
+  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)
+  timeout "${PROFILE_TIMEOUT:-300}" "$NCU" --profile-from-start off --clock-control none \
+    --cache-control all --section SpeedOfLight --section LaunchStats --section Occupancy \
+    --section WarpStateStats --section MemoryWorkloadAnalysis --csv --page details \
+    python3 tools/profile_kernels.py ${PROFILE_ARGS:---tokens 1 16 64} \
+    > "$OUT/profile.csv" 2> "$OUT/profile.err"
+  summary+=("profile: rc $?, $(grep -c '"Duration"' "$OUT/profile.csv") kernels in profile.csv")
 fi
 
 echo
