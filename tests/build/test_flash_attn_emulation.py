@@ -180,6 +180,30 @@ def compare(out, lse, ref, ref_lse, dtype):
     assert ((out - ref).abs() - rtol * ref.abs()).max() <= atol
 
 
+def check(q, k, v, cu_q, cu_k, scale, causal, dtype, block_m=64, **options):
+    """Runs the emulated kernel and the reference on one problem and compares them. options:
+    block_table, window, softcap, seqused_k (a list) and visited (the emulation's tile log).
+    Returns the reference's (out, lse)."""
+    visited = options.pop("visited", None)
+    out, lse = emulate(q, k, v, cu_q, cu_k, scale, causal, block_m, visited=visited, **options)
+    used = options.get("seqused_k")
+    ref, ref_lse = flash_attn_varlen_ref(
+        q,
+        k,
+        v,
+        torch.tensor(cu_q),
+        torch.tensor(cu_k),
+        scale,
+        causal,
+        seqused_k=None if used is None else torch.tensor(used, dtype=torch.int32),
+        block_table=options.get("block_table"),
+        window_size=options.get("window", (-1, -1)),
+        softcap=options.get("softcap", 0.0),
+    )
+    compare(out, lse, ref, ref_lse, dtype)
+    return ref, ref_lse
+
+
 def check_tiles_tight(visited, seq_q, seq_k, causal, window, block_m, block_n=64):
     """The first and the last key tile a CTA visits hold a key that one of its rows sees, and
     no tile outside the visited range holds one: the skip is exact at both ends."""
@@ -206,11 +230,7 @@ def test_emulated_kernel_matches_reference(dtype, causal, block_m):
     seq_q = [1, 7, 130, 100, 9]
     seq_k = [1, 44, 200, 40, 9]
     q, k, v, cu_q, cu_k, _ = make(seq_q, seq_k, 4, 2, 32, dtype, block_m + causal)
-    out, lse = emulate(q, k, v, cu_q, cu_k, 0.2, causal, block_m)
-    ref, ref_lse = flash_attn_varlen_ref(
-        q, k, v, torch.tensor(cu_q), torch.tensor(cu_k), 0.2, causal
-    )
-    compare(out, lse, ref, ref_lse, torch.float32 if dtype == torch.float32 else dtype)
+    check(q, k, v, cu_q, cu_k, 0.2, causal, dtype, block_m)
 
 
 # (left, right): each side alone, both, narrower and wider than a tile, zero-width, a window
@@ -227,11 +247,7 @@ def test_windows_match_reference_and_skip_exactly(window, causal, block_m):
     dtype = torch.bfloat16
     q, k, v, cu_q, cu_k, _ = make(seq_q, seq_k, 2, 1, 32, dtype, sum(window) + block_m)
     visited = []
-    out, lse = emulate(q, k, v, cu_q, cu_k, 0.2, causal, block_m, window=window, visited=visited)
-    ref, ref_lse = flash_attn_varlen_ref(
-        q, k, v, torch.tensor(cu_q), torch.tensor(cu_k), 0.2, causal, window_size=window
-    )
-    compare(out, lse, ref, ref_lse, dtype)
+    check(q, k, v, cu_q, cu_k, 0.2, causal, dtype, block_m, window=window, visited=visited)
     check_tiles_tight(visited, seq_q, seq_k, causal, window, block_m)
 
 
@@ -243,19 +259,7 @@ def test_softcap_matches_reference(softcap, dtype):
     # Scores up to ~+-40 before the cap: the cap saturates for 2 and bends for 30.
     q = (q.float() * 5).to(dtype)
     for causal, window in ((False, (-1, -1)), (True, (50, -1))):
-        out, lse = emulate(q, k, v, cu_q, cu_k, 0.125, causal, window=window, softcap=softcap)
-        ref, ref_lse = flash_attn_varlen_ref(
-            q,
-            k,
-            v,
-            torch.tensor(cu_q),
-            torch.tensor(cu_k),
-            0.125,
-            causal,
-            window_size=window,
-            softcap=softcap,
-        )
-        compare(out, lse, ref, ref_lse, dtype)
+        check(q, k, v, cu_q, cu_k, 0.125, causal, dtype, window=window, softcap=softcap)
 
 
 def test_kernel_tanh_is_accurate():
@@ -272,7 +276,7 @@ def test_paged_matches_dense_reference(block_size, causal):
     dtype = torch.float16
     q, kc, vc, cu_q, cu_k, table = make(seq_q, seq_k, 4, 2, 32, dtype, block_size, block_size)
     window = (40, -1) if causal else (-1, -1)
-    out, lse = emulate(q, kc, vc, cu_q, cu_k, 0.2, causal, block_table=table, window=window)
+    paged = check(q, kc, vc, cu_q, cu_k, 0.2, causal, dtype, block_table=table, window=window)
     # The reference on the same keys laid out densely (a gather written independently).
     k = torch.cat(
         [
@@ -286,24 +290,9 @@ def test_paged_matches_dense_reference(block_size, causal):
             for b, s in enumerate(seq_k)
         ]
     )
-    ref, ref_lse = flash_attn_varlen_ref(
-        q, k, v, torch.tensor(cu_q), torch.tensor(cu_k), 0.2, causal, window_size=window
-    )
-    compare(out, lse, ref, ref_lse, dtype)
+    dense = check(q, k, v, cu_q, cu_k, 0.2, causal, dtype, window=window)
     # And the reference's own paged path agrees with its dense one.
-    ref_p, ref_lse_p = flash_attn_varlen_ref(
-        q,
-        kc,
-        vc,
-        torch.tensor(cu_q),
-        torch.tensor(cu_k),
-        0.2,
-        causal,
-        block_table=table,
-        window_size=window,
-    )
-    torch.testing.assert_close(ref_p, ref)
-    torch.testing.assert_close(ref_lse_p, ref_lse)
+    torch.testing.assert_close(paged, dense)
 
 
 def test_seqused_k_overrides_cu_seqlens_k():
@@ -312,23 +301,9 @@ def test_seqused_k_overrides_cu_seqlens_k():
     dtype = torch.bfloat16
     q, kc, vc, cu_q, _, table = make(seq_q, seq_k, 8, 1, 32, dtype, 7, 16)
     dummy = [0] * (len(seq_q) + 1)
-    used = torch.tensor(seq_k, dtype=torch.int32)
-    out, lse = emulate(
-        q, kc, vc, cu_q, dummy, 0.2, True, seqused_k=seq_k, block_table=table, softcap=10.0
+    check(
+        q, kc, vc, cu_q, dummy, 0.2, True, dtype, seqused_k=seq_k, block_table=table, softcap=10.0
     )
-    ref, ref_lse = flash_attn_varlen_ref(
-        q,
-        kc,
-        vc,
-        torch.tensor(cu_q),
-        torch.tensor(dummy),
-        0.2,
-        True,
-        seqused_k=used,
-        block_table=table,
-        softcap=10.0,
-    )
-    compare(out, lse, ref, ref_lse, dtype)
 
 
 def test_random_problems():
@@ -344,31 +319,6 @@ def test_random_problems():
         block_m = rng.choice([64, 128])
         q, k, v, cu_q, cu_k, table = make(seq_q, seq_k, 4, 2, 32, torch.bfloat16, trial, block_size)
         visited = []
-        out, lse = emulate(
-            q,
-            k,
-            v,
-            cu_q,
-            cu_k,
-            0.3,
-            causal,
-            block_m,
-            block_table=table,
-            window=window,
-            softcap=softcap,
-            visited=visited,
-        )
-        ref, ref_lse = flash_attn_varlen_ref(
-            q,
-            k,
-            v,
-            torch.tensor(cu_q),
-            torch.tensor(cu_k),
-            0.3,
-            causal,
-            block_table=table,
-            window_size=window,
-            softcap=softcap,
-        )
-        compare(out, lse, ref, ref_lse, torch.bfloat16)
+        options = dict(block_table=table, window=window, softcap=softcap, visited=visited)
+        check(q, k, v, cu_q, cu_k, 0.3, causal, torch.bfloat16, block_m, **options)
         check_tiles_tight(visited, seq_q, seq_k, causal, window, block_m)
