@@ -73,6 +73,7 @@ if has profile; then
     python3 tools/profile_kernels.py ${PROFILE_ARGS:---tokens 1 16 64} \
     > "$OUT/profile.csv" 2> "$OUT/profile.err"
   summary+=("profile: rc $?, $(grep -c '"Duration"' "$OUT/profile.csv") kernels in profile.csv")
+  python3 tools/ncu_table.py "$OUT/profile.csv" > "$OUT/profile.md" 2>&1
 fi
 
 echo
@@ -82,3 +83,4 @@ printf '%s\n' "${summary[@]}"
 for b in $BENCH; do
   [ -f "$OUT/bench_$b.log" ] && { echo "--- $b"; grep "^|" "$OUT/bench_$b.log"; }
 done
+if [ -f "$OUT/profile.md" ]; then echo "--- profile"; cat "$OUT/profile.md"; fi
