@@ -123,6 +123,15 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
+// 2^x with results below 2^-126 flushed to zero: one MUFU.EX2. exp2f without -ftz wraps each
+// in a range test and two multiplies (to return subnormals), which the softmax's p in [0, 1]
+// and its correction factor never need.
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // tanh(x) = sign(x) (1 - e) / (1 + e), e = exp(-2|x|) in (0, 1]: no overflow, the quotient's
 // denominator stays in [1, 2], and the absolute error is a few ulp of 1 over the whole range (the
 // softcap multiplies it by the cap). tanh.approx.f32 would be one instruction, but its relative
@@ -427,12 +436,12 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(const FwdP
       m = detail::quad_max(m);
       // A row that has seen only masked keys keeps max -inf; subtracting 0 keeps its p at 0.
       const float m_scaled = m == -INFINITY ? 0.f : m * scale_log2;
-      const float correction = exp2f(row_max[r] * scale_log2 - m_scaled);
+      const float correction = detail::exp2_ftz(row_max[r] * scale_log2 - m_scaled);
       row_max[r] = m;
       float sum = 0.f;
       CUTE_UNROLL
       for (int c = 0; c < size<1>(s_rc); ++c) {
-        const float pv = exp2f(s_rc(r, c) * scale_log2 - m_scaled);
+        const float pv = detail::exp2_ftz(s_rc(r, c) * scale_log2 - m_scaled);
         s_rc(r, c) = pv;
         sum += pv;
       }
