@@ -142,6 +142,17 @@ __device__ __forceinline__ T2 as_t2(uint32_t x) {
   return *reinterpret_cast<T2*>(&x);
 }
 
+/// Calls fn(c) for the chunks c = tid, tid + kThreads, ... below kChunks, unrolled: a copy loop
+/// whose trip count the compiler cannot see becomes a few predicated copies.
+template <int kChunks, int kThreads, typename Fn>
+__device__ __forceinline__ void for_chunks(int tid, Fn&& fn) {
+#pragma unroll
+  for (int i = 0; i < (kChunks + kThreads - 1) / kThreads; ++i) {
+    const int c = tid + i * kThreads;
+    if (kChunks % kThreads == 0 || c < kChunks) fn(c);
+  }
+}
+
 /// Compile-time facts of one instantiation.
 template <typename T, WeightType kWeight, bool kGrouped, int kMTiles, int kMWarps, int kNWarps>
 struct Config {
@@ -198,6 +209,24 @@ __global__ void __launch_bounds__(32 * kMWarps * kNWarps)
 
   auto stage_ptr = [&](int slot) { return smem + slot * C::kStageBytes; };
   const uint64_t weight_policy = C::kBlockM <= 32 ? evict_first_policy() : 0;
+  // One row block of a decode-sized block (the taller ones have no registers to spare for the
+  // policy): nothing reads this block's weight tiles again.
+  const bool weight_hint = C::kBlockM <= 32 && gridDim.y == 1;
+
+  // The weight copies of a stage: kKSteps k-tiles x kNWarps n-tiles of 512 bytes, contiguous per
+  // k-tile in global memory, as 16-byte chunks c = tid + i * kThreads. Since kThreads is a
+  // multiple of a k-tile's kNWarps * 32 chunks, a thread's chunk within its k-tile and its n-tile
+  // are the same in every stage, and its k-tiles are kk0, kk0 + kMWarps, ...: the address is a
+  // per-thread base plus a per-stage offset, with no division or 64-bit multiply per copy.
+  static_assert(C::kThreads % (kNWarps * 32) == 0 && kKSteps % kMWarps == 0,
+                "a stage's weight chunks are whole rounds of the block's threads");
+  constexpr int kBCopies = kKSteps / kMWarps;  // weight chunks a thread copies per stage
+  const int b_kk0 = tid / (kNWarps * 32);
+  const int b_rem = tid % (kNWarps * 32);
+  const bool b_col_valid = blockIdx.x * static_cast<int64_t>(kNWarps) + b_rem / 32 < n_tiles_total;
+  const int32_t* const b_thread =
+      p.b + b_kk0 * 2 * p.n + blockIdx.x * static_cast<int64_t>(kNWarps) * kTileWords + b_rem * 4;
+  const int64_t b_tile_stride = 2 * p.n;  // int32 words from one k-tile to the next
 
   // Issues the copies of k slice `stage` into pipeline slot `slot`.
   auto load_stage = [&](int64_t stage, int slot) {
@@ -206,57 +235,50 @@ __global__ void __launch_bounds__(32 * kMWarps * kNWarps)
     // A: kBlockM rows x 8 chunks of 8 elements. Rows past M are not needed by any stored output
     // (mma rows are independent), so they are skipped; columns past K must read as zero.
     T* sa = reinterpret_cast<T*>(base);
-    for (int c = tid; c < C::kBlockM * 8; c += C::kThreads) {
+    for_chunks<C::kBlockM * 8, C::kThreads>(tid, [&](int c) {
       const int row = c / 8, chunk = c % 8;
-      if (m0 + row >= p.m) continue;
+      if (m0 + row >= p.m) return;
       const int64_t k = k_base + chunk * 8;
       const bool valid = k < p.k;
       const T* src = valid ? a + (m0 + row) * p.lda + k : a;
       cp_async16(sa + row * kBlockK + ((chunk ^ (row & 7)) * 8), src, valid);
-    }
-    // B: kKSteps k-tiles x kNWarps n-tiles of 512 bytes, contiguous per k-tile in global memory.
+    });
+    // B (the per-thread layout above). Only a stage past the last k-tile (K not a multiple of
+    // kBlockK) has invalid rows.
     unsigned char* sb = base + C::kABytes;
-    constexpr int kBChunks = kKSteps * kNWarps * 32;
-    for (int c = tid; c < kBChunks; c += C::kThreads) {
-      const int kk = c / (kNWarps * 32), rem = c % (kNWarps * 32);
-      const int64_t kt = stage * kKSteps + kk;
-      const int64_t nt = blockIdx.x * static_cast<int64_t>(kNWarps) + rem / 32;
-      const bool valid = kt < k_tiles_total && nt < n_tiles_total;
-      const int32_t* src = valid ? p.b + kt * 2 * p.n +
-                                       blockIdx.x * static_cast<int64_t>(kNWarps) * kTileWords +
-                                       rem * 4
-                                 : p.b;
-      // One row block of a decode-sized block (the taller ones have no registers to spare for
-      // the policy): nothing reads this weight tile again.
-      if (C::kBlockM <= 32 && gridDim.y == 1) {
-        cp_async16_hint(sb + c * 16, src, valid, weight_policy);
+    const int32_t* b_stage = b_thread + stage * kKSteps * b_tile_stride;
+#pragma unroll
+    for (int i = 0; i < kBCopies; ++i) {
+      const bool valid = b_col_valid && stage * kKSteps + b_kk0 + i * kMWarps < k_tiles_total;
+      const int32_t* src = valid ? b_stage + i * kMWarps * b_tile_stride : p.b;
+      unsigned char* dst = sb + (tid + i * C::kThreads) * 16;
+      if (weight_hint) {
+        cp_async16_hint(dst, src, valid, weight_policy);
       } else {
-        cp_async16(sb + c * 16, src, valid);
+        cp_async16(dst, src, valid);
       }
     }
     if constexpr (kGrouped) {
       const int64_t r0 = k_base / p.group_size;
       const int64_t r1 = r0 + 1 < num_groups ? r0 + 1 : num_groups - 1;
       T* ss = reinterpret_cast<T*>(base + C::kABytes + C::kBBytes);
-      constexpr int kSChunks = 2 * C::kBlockN / 8;
-      for (int c = tid; c < kSChunks; c += C::kThreads) {
+      for_chunks<2 * C::kBlockN / 8, C::kThreads>(tid, [&](int c) {
         const int r = c / (C::kBlockN / 8), col = (c % (C::kBlockN / 8)) * 8;
         const int64_t row = r == 0 ? r0 : r1;
         const bool valid = n0 + col < p.n;
         cp_async16(ss + r * C::kBlockN + col, valid ? scales + row * p.n + n0 + col : scales,
                    valid);
-      }
+      });
       if constexpr (C::kZeros) {
         int32_t* sz = reinterpret_cast<int32_t*>(base + C::kABytes + C::kBBytes + C::kSBytes);
         constexpr int kWordsPerRow = C::kBlockN / 8;
-        constexpr int kZChunks = 2 * kWordsPerRow / 4;
-        for (int c = tid; c < kZChunks; c += C::kThreads) {
+        for_chunks<2 * kWordsPerRow / 4, C::kThreads>(tid, [&](int c) {
           const int r = c / (kWordsPerRow / 4), word = (c % (kWordsPerRow / 4)) * 4;
           const int64_t row = r == 0 ? r0 : r1;
           const bool valid = n0 + word * 8 < p.n;
           cp_async16(sz + r * kWordsPerRow + word,
                      valid ? p.zeros + row * (p.n / 8) + n0 / 8 + word : p.zeros, valid);
-        }
+        });
       }
     }
   };
@@ -384,6 +406,7 @@ __global__ void __launch_bounds__(32 * kMWarps * kNWarps)
     }
     *reinterpret_cast<T2*>(out + row * p.ldc + col) = Tr::float2_to(v0, v1);
   };
+  // fn(row, col, v0, v1) for the in-bounds accumulator pairs (v0, v1: the elements of acc).
   auto for_each_pair = [&](auto&& fn) {
 #pragma unroll
     for (int mi = 0; mi < kMTiles; ++mi)
@@ -413,16 +436,33 @@ __global__ void __launch_bounds__(32 * kMWarps * kNWarps)
   __syncthreads();
   if (!last) return;
   __threadfence();
-  for_each_pair([&](int64_t row, int64_t col, float, float) {
-    float v0 = 0.f, v1 = 0.f;
-    for (int z = 0; z < splits; ++z) {  // fixed order: the result does not depend on timing
-      const float2 v =
-          __ldcg(reinterpret_cast<const float2*>(p.partials + (z * p.m + row) * p.n + col));
-      v0 += v.x;
-      v1 += v.y;
+  // The partials summed in split order (the result does not depend on timing). The 16-row
+  // (decode) block sums into acc split by split: its 16 loads of one split go out together, so
+  // it waits for memory once a split, not once for every few loads of each pair. Taller blocks
+  // (rarely split) sum pair by pair: 16 more registers in flight per m tile cost them occupancy.
+  if constexpr (kMTiles == 1) {
+    for_each_pair([](int64_t, int64_t, float& v0, float& v1) { v0 = v1 = 0.f; });
+    for (int z = 0; z < splits; ++z) {
+      for_each_pair([&](int64_t row, int64_t col, float& v0, float& v1) {
+        const float2 v =
+            __ldcg(reinterpret_cast<const float2*>(p.partials + (z * p.m + row) * p.n + col));
+        v0 += v.x;
+        v1 += v.y;
+      });
     }
-    store(row, col, v0, v1);
-  });
+    for_each_pair(store);
+  } else {
+    for_each_pair([&](int64_t row, int64_t col, float, float) {
+      float v0 = 0.f, v1 = 0.f;
+      for (int z = 0; z < splits; ++z) {
+        const float2 v =
+            __ldcg(reinterpret_cast<const float2*>(p.partials + (z * p.m + row) * p.n + col));
+        v0 += v.x;
+        v1 += v.y;
+      }
+      store(row, col, v0, v1);
+    });
+  }
   if (tid == 0) p.counters[tile] = 0;  // every split has arrived: ready for the next launch
 }
 
