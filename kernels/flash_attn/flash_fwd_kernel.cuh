@@ -143,13 +143,14 @@ __device__ __forceinline__ float tanh_accurate(float x) {
 
 // Copies the rows of a (kRows, head_dim) tile that lie before `valid_rows` with the tiled
 // copy; zero-fills the others in shared memory, so that padding never feeds a NaN into P V.
-template <typename TiledCopy, typename TS, typename TD, typename TC>
+// kFull: the caller knows every row is valid (no test, no zero fill).
+template <bool kFull = false, typename TiledCopy, typename TS, typename TD, typename TC>
 __device__ __forceinline__ void copy_rows(const TiledCopy& tiled_copy, const TS& src, TD& dst,
                                           const TC& coords, int valid_rows) {
   using namespace cute;
   CUTE_UNROLL
   for (int m = 0; m < size<1>(dst); ++m) {
-    if (get<0>(coords(0, m, 0)) < valid_rows) {
+    if (kFull || get<0>(coords(0, m, 0)) < valid_rows) {
       CUTE_UNROLL
       for (int k = 0; k < size<2>(dst); ++k) copy(tiled_copy, src(_, m, k), dst(_, m, k));
     } else {
@@ -307,14 +308,17 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(const FwdP
     }
   };
 
+  // Copies key tile n_block of K or V into dst. full: a compile-time promise that every row of
+  // the tile is a key (any tile below the highest one visited), which drops the row tests.
   auto load_kv = [&](const Element* base, int64_t row_stride, int64_t block_stride, auto& dst,
-                     int n_block) {
+                     int n_block, auto full) {
+    constexpr bool kFull = decltype(full)::value;
     const int valid_rows = seqlen_k - n_block * kBlockN;
     if constexpr (kPaged) {
       if constexpr (!kPrefetchPages) resolve_pages(n_block);
       CUTE_UNROLL
       for (int m = 0; m < kCopyPasses; ++m) {
-        if (get<0>(tKVc(0, m, 0)) < valid_rows) {
+        if (kFull || get<0>(tKVc(0, m, 0)) < valid_rows) {
           // A tile whose rows all alias this thread's cache row (row stride 0): its partition
           // puts each of the thread's vectors of pass m at that row plus the vector's column.
           const int key = n_block * kBlockN + get<0>(tKVc(0, m, 0));
@@ -333,14 +337,14 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(const FwdP
       Tensor g =
           make_tensor(make_gmem_ptr(base + static_cast<int64_t>(n_block) * kBlockN * row_stride),
                       TileKV{}, make_stride(row_stride, _1{}));
-      detail::copy_rows(gmem_copy, gmem_thr.partition_S(g), dst, tKVc, valid_rows);
+      detail::copy_rows<kFull>(gmem_copy, gmem_thr.partition_S(g), dst, tKVc, valid_rows);
     }
   };
 
   detail::copy_rows(gmem_copy, tQgQ, tQsQ, tQcQ, q_rows);
   if (n_block_max > n_block_min) {
     if constexpr (kPrefetchPages) resolve_pages(n_block_max - 1);
-    load_kv(k_base, p.k_row_stride, p.k_block_stride, tKsK, n_block_max - 1);
+    load_kv(k_base, p.k_row_stride, p.k_block_stride, tKsK, n_block_max - 1, cute::false_type{});
   }
   cp_async_fence();
 
@@ -400,7 +404,9 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(const FwdP
     clear(acc_s);
     cp_async_wait<0>();
     __syncthreads();  // K(n_block) landed, and every warp is done reading V(n_block + 1)
-    load_kv(v_base, p.v_row_stride, p.v_block_stride, tVsV, n_block);
+    // A tile that needs no mask lies below the end of the keys: full.
+    load_kv(v_base, p.v_row_stride, p.v_block_stride, tVsV, n_block,
+            cute::bool_constant<!kMayMask>{});
     cp_async_fence();
     // The next tile's cache rows (its table reads are in flight during the mma below).
     if (kPrefetchPages && n_block > n_block_min) resolve_pages(n_block - 1);
@@ -458,7 +464,8 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(const FwdP
     cp_async_wait<0>();
     __syncthreads();  // V(n_block) landed, and every warp is done reading K(n_block)
     if (n_block > n_block_min) {
-      load_kv(k_base, p.k_row_stride, p.k_block_stride, tKsK, n_block - 1);
+      // n_block - 1 < n_block_max - 1: a full tile (n_block * kBlockN <= seqlen_k - 1).
+      load_kv(k_base, p.k_row_stride, p.k_block_stride, tKsK, n_block - 1, cute::true_type{});
       cp_async_fence();
     }
 
