@@ -1,6 +1,7 @@
 // GPU kernels of the KV cache family (cache.h).
 //
-// reshape_and_cache: a block takes a tile of up to 32 tokens of one kv head and moves it
+// reshape_and_cache: a block takes a tile of up to 32 tokens of one kv head and moves it (below
+// 32 tokens, up to four 64-thread blocks share the items of the tile)
 //   - keys (and flash values) in 16-byte cache chunks, chunk index fastest: a warp reads whole
 //     input rows and writes whole sectors (paged keys of two neighbouring slots are adjacent);
 //   - paged values, whose elements sit block_size apart in the cache, with the token index
@@ -133,25 +134,24 @@ __device__ __forceinline__ Chunk<Out, N> to_cache_chunk(const Chunk<In, N>& in, 
   }
 }
 
-/// The items of a (tile tokens x n pieces) grid that this thread takes: i = threadIdx.x,
-/// + kThreads, ..., as (token t, piece c) with i = t * n + c (piece fastest) or, for
-/// kTokenFastest, i = c * tile + t. Advances without dividing again.
+/// The items of a (tile tokens x n pieces) grid that this thread takes: i = first, first +
+/// step, ..., as (token t, piece c) with i = t * n + c (piece fastest) or, for kTokenFastest,
+/// i = c * tile + t. Advances without dividing again.
 template <bool kTokenFastest>
 struct ItemWalk {
   int t, c, step_t, step_c, tile, n;
 
-  __device__ __forceinline__ ItemWalk(int tile_, int n_) : tile(tile_), n(n_) {
-    const int i = threadIdx.x;
+  __device__ __forceinline__ ItemWalk(int tile_, int n_, int first, int step) : tile(tile_), n(n_) {
     if constexpr (kTokenFastest) {
-      c = i / tile;
-      t = i - c * tile;
-      step_c = kThreads / tile;
-      step_t = kThreads - step_c * tile;
+      c = first / tile;
+      t = first - c * tile;
+      step_c = step / tile;
+      step_t = step - step_c * tile;
     } else {
-      t = i / n;
-      c = i - t * n;
-      step_t = kThreads / n;
-      step_c = kThreads - step_t * n;
+      t = first / n;
+      c = first - t * n;
+      step_t = step / n;
+      step_c = step - step_t * n;
     }
   }
 
@@ -170,7 +170,8 @@ struct ItemWalk {
   }
 };
 
-/// Grid: (ceil(num_tokens / kTileTokens), num_kv_heads); kThreads threads.
+/// Grid: (ceil(num_tokens / kTileTokens), num_kv_heads, parts); at most kThreads threads. The
+/// parts of a tile's blocks take its items in turn, a block's threads at a time.
 /// In/Out: raw unsigned integers of the element size for kAuto caches; the input's type and
 /// uint8_t for fp8 caches. kVec: 16-byte accesses (pointers, strides and head_size allow them).
 template <typename In, typename Out, bool kFlash, bool kVec>
@@ -212,9 +213,11 @@ __global__ void __launch_bounds__(kThreads)
   const int key_total = tile * key_n;
   const int value_total = tile * value_n;
   const int total = key_total > value_total ? key_total : value_total;
-  ItemWalk<false> kw(tile, key_n);
-  ItemWalk<!kFlash> vw(tile, value_n);
-  for (int i = threadIdx.x; i < total; i += kThreads) {
+  const int first = static_cast<int>(blockIdx.z * blockDim.x + threadIdx.x);
+  const int step = static_cast<int>(gridDim.z * blockDim.x);
+  ItemWalk<false> kw(tile, key_n, first, step);
+  ItemWalk<!kFlash> vw(tile, value_n, first, step);
+  for (int i = first; i < total; i += step) {
     const bool has_key = i < key_total;
     const bool has_value = i < value_total;
     Chunk<In, kCh> k_in;
@@ -270,16 +273,29 @@ gpuError_t launch_reshape_typed(const ReshapeAndCacheProblem& p, gpuStream_t str
   for (int b = 0; b < 62; ++b) {
     if (p.block_size == (int64_t{1} << b)) block_shift = b;
   }
+  // Fewer tokens than a tile (decode): each kv head's items go to up to kThreads / kDecodeThreads
+  // blocks of kDecodeThreads threads instead of one block, so that the stores (the paged values
+  // are one store per element) spread over more SMs than there are kv heads.
+  constexpr int64_t kDecodeThreads = 64;
+  int64_t threads = kThreads, parts = 1;
+  if (p.num_tokens < kTileTokens) {
+    threads = kDecodeThreads;
+    const int64_t items = p.num_tokens * p.head_size / 8;  // 16-byte pieces of 16-bit rows
+    parts = (items + kDecodeThreads - 1) / kDecodeThreads;
+    if (parts > kThreads / kDecodeThreads) parts = kThreads / kDecodeThreads;
+    if (parts < 1) parts = 1;
+  }
   const dim3 grid(static_cast<unsigned>((p.num_tokens + kTileTokens - 1) / kTileTokens),
-                  static_cast<unsigned>(p.num_kv_heads));
+                  static_cast<unsigned>(p.num_kv_heads), static_cast<unsigned>(parts));
+  const dim3 block(static_cast<unsigned>(threads));
   if (flash && vec) {
-    reshape_and_cache_kernel<In, Out, true, true><<<grid, kThreads, 0, stream>>>(p, block_shift);
+    reshape_and_cache_kernel<In, Out, true, true><<<grid, block, 0, stream>>>(p, block_shift);
   } else if (flash) {
-    reshape_and_cache_kernel<In, Out, true, false><<<grid, kThreads, 0, stream>>>(p, block_shift);
+    reshape_and_cache_kernel<In, Out, true, false><<<grid, block, 0, stream>>>(p, block_shift);
   } else if (vec) {
-    reshape_and_cache_kernel<In, Out, false, true><<<grid, kThreads, 0, stream>>>(p, block_shift);
+    reshape_and_cache_kernel<In, Out, false, true><<<grid, block, 0, stream>>>(p, block_shift);
   } else {
-    reshape_and_cache_kernel<In, Out, false, false><<<grid, kThreads, 0, stream>>>(p, block_shift);
+    reshape_and_cache_kernel<In, Out, false, false><<<grid, block, 0, stream>>>(p, block_shift);
   }
   return gpuGetLastError();
 }
