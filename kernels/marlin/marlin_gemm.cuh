@@ -69,16 +69,22 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool vali
                : "memory");
 }
 
-/// An L2 policy that evicts first: for the weights where a launch reads them once (a single row
+/// The L2 policy of the weight copies: evict first where a launch reads them once (a single row
 /// block), so that they do not push the activations and the split-K partials (read again soon)
-/// out of L2.
-__device__ __forceinline__ uint64_t evict_first_policy() {
+/// out of L2; else evict normal (as without a hint).
+__device__ __forceinline__ uint64_t weight_policy(bool read_once) {
   uint64_t policy;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  asm volatile(
+      "{\n .reg .b64 first, normal;\n .reg .pred p;\n setp.ne.b32 p, %1, 0;\n"
+      " createpolicy.fractional.L2::evict_first.b64 first, 1.0;\n"
+      " createpolicy.fractional.L2::evict_normal.b64 normal, 1.0;\n"
+      " selp.b64 %0, first, normal, p;\n}\n"
+      : "=l"(policy)
+      : "r"(static_cast<int>(read_once)));
   return policy;
 }
 
-/// cp_async16 with an L2 cache policy (evict_first_policy).
+/// cp_async16 with an L2 cache policy (weight_policy).
 __device__ __forceinline__ void cp_async16_hint(void* dst, const void* src, bool valid,
                                                 uint64_t policy) {
   const int src_bytes = valid ? 16 : 0;
@@ -208,10 +214,12 @@ __global__ void __launch_bounds__(32 * kMWarps * kNWarps)
   const T* scales = static_cast<const T*>(p.scales);
 
   auto stage_ptr = [&](int slot) { return smem + slot * C::kStageBytes; };
-  const uint64_t weight_policy = C::kBlockM <= 32 ? evict_first_policy() : 0;
-  // One row block of a decode-sized block (the taller ones have no registers to spare for the
-  // policy): nothing reads this block's weight tiles again.
-  const bool weight_hint = C::kBlockM <= 32 && gridDim.y == 1;
+  // The 16-row (decode) blocks copy the weights with an L2 policy: evict first where there is
+  // one row block, since nothing reads this block's weight tiles again. Taller blocks copy
+  // without one: they have no registers to spare, and in the 32-row grouped kernels ptxas 13.0
+  // gave the hinted copies an odd uniform register as their 64-bit policy operand (an illegal
+  // instruction at run time).
+  const uint64_t policy = C::kBlockM <= 16 ? weight_policy(gridDim.y == 1) : 0;
 
   // The weight copies of a stage: kKSteps k-tiles x kNWarps n-tiles of 512 bytes, contiguous per
   // k-tile in global memory, as 16-byte chunks c = tid + i * kThreads. Since kThreads is a
@@ -252,8 +260,8 @@ __global__ void __launch_bounds__(32 * kMWarps * kNWarps)
       const bool valid = b_col_valid && stage * kKSteps + b_kk0 + i * kMWarps < k_tiles_total;
       const int32_t* src = valid ? b_stage + i * kMWarps * b_tile_stride : p.b;
       unsigned char* dst = sb + (tid + i * C::kThreads) * 16;
-      if (weight_hint) {
-        cp_async16_hint(dst, src, valid, weight_policy);
+      if constexpr (C::kBlockM <= 16) {
+        cp_async16_hint(dst, src, valid, policy);
       } else {
         cp_async16(dst, src, valid);
       }
