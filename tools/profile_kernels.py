@@ -1,9 +1,10 @@
 """Runs benchmark cases once each, ours and the peer, between cudaProfilerStart and
 cudaProfilerStop, for Nsight Compute to read (caches flushed before each kernel, as in the
 benchmarks). The kernels of a case come out in the order: ours, then the peer's. Cases: those of
-benchmarks/cases (peer: torch.compile), and with --marlin the W4A16 GEMM at M = 1 and 16,
-8192 x 28672 (peer: fp16 F.linear), with --flash the flash-attention forward at S 4096, batch 4,
-32 heads, d 128, bf16, non-causal (peer: SDPA's flash backend).
+benchmarks/cases (peer: torch.compile), and with --marlin the W4A16 GEMM at M = 1, 16, 64 and
+128, 8192 x 28672 (peer: fp16 F.linear), with --flash the flash-attention forward at S 4096,
+batch 4, 32 heads, d 128, bf16, non-causal (peer: SDPA's flash backend), then the same work on a
+shuffled paged K/V cache of 16-row blocks (peer: our dense forward).
 
     ncu --profile-from-start off --clock-control none --section ... \\
         python tools/profile_kernels.py [--family NAME ...] [--tokens 1 16 ...] [--op NAME ...]
@@ -50,7 +51,7 @@ def marlin_cases() -> None:
     packed = marlin.gptq_marlin_repack(marlin.pack_gptq(q["codes"]), None, k, n)
     w_fp16 = q["w_ref"].to(torch.float16).t().contiguous()
     ws = marlin.make_workspace(torch.device("cuda"))
-    for m in (1, 16):
+    for m in (1, 16, 64, 128):
         a = torch.randn(m, k, dtype=torch.float16, device="cuda")
         profiled(
             f"marlin M={m} K={k} N={n}",
@@ -75,10 +76,23 @@ def flash_cases() -> None:
         with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
             return F.scaled_dot_product_attention(qs, ks, vs)
 
+    def dense():
+        return flash_attn_varlen_func(q, k, v, cu, cu, seq, seq)
+
+    profiled(f"flash_attn S={seq} d={d}", dense, sdpa)
+
+    block = 16
+    order = torch.randperm(batch * seq // block, device="cuda")
+    kc, vc = (
+        torch.empty(batch * seq // block, block, heads, d, device="cuda", dtype=q.dtype)
+        for _ in range(2)
+    )
+    kc[order], vc[order] = k.view(-1, block, heads, d), v.view(-1, block, heads, d)
+    table = order.view(batch, -1).int()
     profiled(
-        f"flash_attn S={seq} d={d}",
-        lambda: flash_attn_varlen_func(q, k, v, cu, cu, seq, seq),
-        sdpa,
+        f"flash_attn paged bs{block} S={seq} d={d} (peer: dense)",
+        lambda: flash_attn_varlen_func(q, kc, vc, cu, cu, seq, seq, block_table=table),
+        dense,
     )
 
 
