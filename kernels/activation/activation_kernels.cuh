@@ -20,6 +20,10 @@ inline constexpr int kActThreads = 256;
 inline constexpr int64_t kActMinBlocks = 1024;
 /// Smallest block the launcher shrinks to.
 inline constexpr int kActMinThreads = 64;
+/// Below this many 16-byte vectors (a few hundred an SM: decode sizes) a thread takes a quarter
+/// vector, so that the activation's math, which then bounds the time, spreads over 4x the
+/// threads.
+inline constexpr int64_t kActSmallVecs = 65536;
 /// Grid limits; the kernel loops when the problem needs more blocks than these.
 inline constexpr int64_t kActMaxGridX = int64_t{1} << 20;
 inline constexpr int64_t kActMaxGridY = 65535;
@@ -30,10 +34,16 @@ inline constexpr int64_t kActMaxGridY = 65535;
 /// choice.
 constexpr int act_min_blocks(Kind k) { return k == Kind::kGelu ? 2048 / kActThreads : 1; }
 
-/// The activation applied to the first half of a row, in fp32.
-template <Kind K>
+/// The activation applied to the first half of a row, in fp32. kFast (16-bit outputs): silu and
+/// the tanh form as x * sigmoid(z) (1 + tanh(u) = 2 sigmoid(2u) exactly, so nothing cancels) with
+/// the hardware exp2 and an approximate divide; their relative error (about 1e-6) is far below
+/// the output's rounding, and they issue a fraction of the precise forms' instructions, which
+/// bound the kernel at decode sizes. fp32 outputs keep the precise expf, division and tanhf.
+/// GELU keeps erff either way.
+template <Kind K, bool kFast>
 __device__ __forceinline__ float act_fn(float x) {
   if constexpr (K == Kind::kSilu) {
+    if constexpr (kFast) return __fdividef(x, 1.0f + __expf(-x));
     return x / (1.0f + expf(-x));
   } else if constexpr (K == Kind::kGelu) {
     constexpr float kRsqrt2 = 0.70710678118654752440f;
@@ -43,6 +53,7 @@ __device__ __forceinline__ float act_fn(float x) {
     constexpr float kSqrt2OverPi = 0.79788456080286535588f;
     constexpr float kKappa = 0.044715f;
     const float inner = kSqrt2OverPi * (x + kKappa * x * x * x);
+    if constexpr (kFast) return __fdividef(x, 1.0f + __expf(-2.0f * inner));
     return 0.5f * x * (1.0f + tanhf(inner));
   }
 }
@@ -71,7 +82,8 @@ __global__ void __launch_bounds__(kActThreads, act_min_blocks(K))
       V r;
 #pragma unroll
       for (int i = 0; i < kVec; ++i) {
-        r.v[i] = from_float<T>(act_fn<K>(to_float(a.v[i])) * to_float(b.v[i]));
+        r.v[i] = from_float<T>(act_fn<K, !std::is_same_v<T, float>>(to_float(a.v[i])) *
+                               to_float(b.v[i]));
       }
       *reinterpret_cast<V*>(o + c * kVec) = r;
     }
@@ -114,8 +126,9 @@ gpuError_t act_and_mul_launch_vec(const Problem& p, gpuStream_t stream) {
 
 /// @brief Launches out = act(input[:, :d]) * input[:, d:] (computed in fp32, rounded once) on
 /// `stream` for element type T, which must match p.dtype. Uses 16-byte loads and stores when d,
-/// both row strides and both pointers allow it, element-wise accesses otherwise. Returns the
-/// launch's error code (gpuSuccess without launching when there is nothing to do).
+/// both row strides and both pointers allow it (4-byte ones for small problems), element-wise
+/// accesses otherwise. Returns the launch's error code (gpuSuccess without launching when there
+/// is nothing to do).
 template <Kind K, typename T>
 gpuError_t act_and_mul_launch(const Problem& p, gpuStream_t stream) {
   static_assert(
@@ -126,6 +139,9 @@ gpuError_t act_and_mul_launch(const Problem& p, gpuStream_t stream) {
   const bool vectorised = p.d % kVec == 0 && p.out_row_stride % kVec == 0 &&
                           p.input_row_stride % kVec == 0 && detail::act_aligned16(p.out) &&
                           detail::act_aligned16(p.input);
+  if (vectorised && p.num_tokens * (p.d / kVec) < detail::kActSmallVecs) {
+    return detail::act_and_mul_launch_vec<K, T, (kVec >= 4 ? kVec / 4 : 1)>(p, stream);
+  }
   if (vectorised) return detail::act_and_mul_launch_vec<K, T, kVec>(p, stream);
   return detail::act_and_mul_launch_vec<K, T, 1>(p, stream);
 }
