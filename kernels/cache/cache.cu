@@ -1,7 +1,7 @@
 // GPU kernels of the KV cache family (cache.h).
 //
-// reshape_and_cache: a block takes a tile of up to 32 tokens of one kv head and moves it (below
-// 32 tokens, up to four 64-thread blocks share the items of the tile)
+// reshape_and_cache: a block takes a tile of up to 32 tokens of one kv head and moves it (at
+// small sizes, 64-thread blocks share the items of a tile, one item each)
 //   - keys (and flash values) in 16-byte cache chunks, chunk index fastest: a warp reads whole
 //     input rows and writes whole sectors (paged keys of two neighbouring slots are adjacent);
 //   - paged values, whose elements sit block_size apart in the cache, with the token index
@@ -273,20 +273,22 @@ gpuError_t launch_reshape_typed(const ReshapeAndCacheProblem& p, gpuStream_t str
   for (int b = 0; b < 62; ++b) {
     if (p.block_size == (int64_t{1} << b)) block_shift = b;
   }
-  // Fewer tokens than a tile (decode): each kv head's items go to up to kThreads / kDecodeThreads
-  // blocks of kDecodeThreads threads instead of one block, so that the stores (the paged values
-  // are one store per element) spread over more SMs than there are kv heads.
-  constexpr int64_t kDecodeThreads = 64;
+  // Fewer tile blocks than kDecodeBlocks (decode and small prefill): each (tile, kv head) goes to
+  // one kDecodeThreads-thread block per kDecodeThreads items instead of one kThreads block, so
+  // that the stores (the paged values are one store per element) spread over more SMs.
+  constexpr int64_t kDecodeThreads = 64, kDecodeBlocks = 256;
+  const int64_t tiles = (p.num_tokens + kTileTokens - 1) / kTileTokens;
   int64_t threads = kThreads, parts = 1;
-  if (p.num_tokens < kTileTokens) {
+  if (tiles * p.num_kv_heads < kDecodeBlocks) {
     threads = kDecodeThreads;
-    const int64_t items = p.num_tokens * p.head_size / 8;  // 16-byte pieces of 16-bit rows
+    const int64_t tile = p.num_tokens < kTileTokens ? p.num_tokens : kTileTokens;
+    const int64_t items = tile * p.head_size / 8;  // 16-byte pieces of 16-bit rows
     parts = (items + kDecodeThreads - 1) / kDecodeThreads;
-    if (parts > kThreads / kDecodeThreads) parts = kThreads / kDecodeThreads;
+    if (parts > kMaxGridY) parts = kMaxGridY;
     if (parts < 1) parts = 1;
   }
-  const dim3 grid(static_cast<unsigned>((p.num_tokens + kTileTokens - 1) / kTileTokens),
-                  static_cast<unsigned>(p.num_kv_heads), static_cast<unsigned>(parts));
+  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(p.num_kv_heads),
+                  static_cast<unsigned>(parts));
   const dim3 block(static_cast<unsigned>(threads));
   if (flash && vec) {
     reshape_and_cache_kernel<In, Out, true, true><<<grid, block, 0, stream>>>(p, block_shift);
