@@ -219,12 +219,12 @@ __device__ __forceinline__ void tiles_quantize(const Tiles<T>& a, Scale scale, u
       [&](uint32_t row, int64_t e, float x) { out_row(row)[e] = quantize(x, Divisor(scale)); });
 }
 
-template <typename T, int kVec, int kU>
-__global__ void __launch_bounds__(kThreads) static_quant_kernel(const Tiles<T> a) {
+template <typename T, int kVec, int kU, int kBlock = kThreads>
+__global__ void __launch_bounds__(kBlock) static_quant_kernel(const Tiles<T> a) {
   // The given scale is used as it is: a zero scale gives +-448 (and NaN for 0 / 0), as the
   // reference's division does.
   const float scale = *a.scale;
-  tiles_quantize<T, kVec, kThreads, kU>(a, scale, blockIdx.x, gridDim.x);
+  tiles_quantize<T, kVec, kBlock, kU>(a, scale, blockIdx.x, gridDim.x);
 }
 
 /// The per-tensor scale of a max: max / 448; 0 for an all-zero input.
@@ -496,10 +496,15 @@ gpuError_t launch_static_vec(const QuantProblem& p, gpuStream_t stream) {
   // bf16 at 0.93x of torch.compile's one-tile-a-program kernel.
   if (a.num_tiles == 0) return gpuSuccess;
   if (a.num_tiles < sm_count()) {
-    // Fewer tiles than SMs (decode sizes): one vector a thread, four times the blocks, so that
-    // the conversions of a lone row spread over more SMs.
-    if (!make_tiles<T, kVec, kThreads, 1>(p, a)) return gpuErrorInvalidValue;
-    static_quant_kernel<T, kVec, 1><<<a.num_tiles, kThreads, 0, stream>>>(a);
+    // Fewer tiles than SMs (decode sizes): one vector of half the width a thread (16-bit inputs:
+    // 4 elements, one 4-byte fp8 store) in blocks of kDecodeBlock threads, so that the
+    // divisions and conversions, which then bound the time, spread over twice the threads and
+    // four times the blocks.
+    constexpr int kDecodeVec = kVec >= 8 ? kVec / 2 : kVec;
+    constexpr int kDecodeBlock = 128;
+    if (!make_tiles<T, kDecodeVec, kDecodeBlock, 1>(p, a)) return gpuErrorInvalidValue;
+    static_quant_kernel<T, kDecodeVec, 1, kDecodeBlock>
+        <<<a.num_tiles, kDecodeBlock, 0, stream>>>(a);
   } else {
     static_quant_kernel<T, kVec, kUnroll><<<a.num_tiles, kThreads, 0, stream>>>(a);
   }
@@ -579,9 +584,12 @@ gpuError_t launch_per_token_vec(const QuantProblem& p, gpuStream_t stream) {
   a.tail = static_cast<int>(p.hidden % kVec);
   const int64_t num_vecs = a.vecs_per_row;
   constexpr int64_t kWarp = APHRODITE_WARP_SIZE;
+  // Fewer rows than SMs (decode sizes): up to kMaxRowThreads threads a row, so that each thread
+  // converts fewer elements.
+  const int64_t row_threads = p.num_tokens < sm_count() ? kMaxRowThreads : kRowBlockThreads;
   int cache = 0;
   for (int c : kCacheSteps) {
-    if (num_vecs <= int64_t{kRowBlockThreads} * c) {
+    if (num_vecs <= row_threads * c) {
       cache = c;
       break;
     }
