@@ -111,10 +111,13 @@ __device__ __forceinline__ Vec<T, N> normalise(const Vec<T, N>& v, const Vec<T, 
 }
 
 /// Plain rms_norm with the row in registers: thread x of a row holds vectors x, x + blockDim.x,
-/// ... (kCache of them, which must cover the row). Rows are taken row, row + rows of the grid,
-/// ..., and software-pipelined: the next row's loads are issued before the current row is
-/// normalised and stored. The host guarantees that hidden / kVec fits an int.
-template <typename T, int kVec, int kCache>
+/// ... (kCache of them, which must cover the row). kPipelined: rows are taken row, row + rows of
+/// the grid, ..., and software-pipelined: the next row's loads are issued before the current row
+/// is normalised and stored. Otherwise each block row takes one row (the grid covers the rows),
+/// loads its weights beside it and holds no second buffer: fewer registers, so twice the
+/// rows in flight an SM (bf16 rows of 8192: 98 -> 64 registers, 2 -> 4 blocks of 256). The host
+/// guarantees that hidden / kVec fits an int.
+template <typename T, int kVec, int kCache, bool kPipelined>
 __global__ void __launch_bounds__(kMaxCachedThreads) rms_norm_cached_kernel(const NormArgs<T> a) {
   using V = Vec<T, kVec>;
   __shared__ float smem[32];
@@ -134,6 +137,38 @@ __global__ void __launch_bounds__(kMaxCachedThreads) rms_norm_cached_kernel(cons
       }
     }
   };
+
+  if constexpr (!kPipelined) {
+    const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
+    const bool valid = row < a.rows;
+    V x[kCache], wv[kCache];
+    const V* in = reinterpret_cast<const V*>(a.in + (valid ? row : 0) * a.in_stride);
+#pragma unroll
+    for (int i = 0; i < kCache; ++i) {
+      const int c = first + i * tx;
+      if (valid && c < num_vecs) {
+        x[i] = in[c];
+        wv[i] = w[c];
+      }
+    }
+    float ss = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kCache; ++i) {
+      if (valid && first + i * tx < num_vecs) ss += sum_squares(x[i]);
+    }
+    const float inv_rms = rsqrtf(row_sum(ss, smem) / hidden + a.epsilon);
+    if (!valid) return;
+    V* o = reinterpret_cast<V*>(a.out + row * a.out_stride);
+#pragma unroll
+    for (int i = 0; i < kCache; ++i) {
+      const int c = first + i * tx;
+      if (c < num_vecs) {
+        launder(x[i]);
+        o[c] = normalise(x[i], wv[i], inv_rms);
+      }
+    }
+    return;
+  }
 
   // Up to 4 cached vectors a thread holds its weights (the same columns in every row) for the
   // whole kernel, loaded beside the block's first row: a lone row (decode) then waits for
@@ -332,7 +367,8 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 template <typename T, int kVec, int kCache, bool kFused>
 gpuError_t launch_kernel(const NormArgs<T>& a, int64_t tx, int64_t ty, gpuStream_t stream) {
   int64_t blocks = ceil_div(a.rows, ty);
-  if (kCache > 0 && !kFused && blocks > kPipelineMinBlocks) blocks = ceil_div(blocks, 2);
+  const bool pipelined = blocks > kPipelineMinBlocks;
+  if (kCache > 0 && !kFused && pipelined) blocks = ceil_div(blocks, 2);
   if (blocks > kMaxGridX) blocks = kMaxGridX;
   const dim3 grid(static_cast<unsigned>(blocks));
   const dim3 block(static_cast<unsigned>(tx), static_cast<unsigned>(ty));
@@ -340,8 +376,10 @@ gpuError_t launch_kernel(const NormArgs<T>& a, int64_t tx, int64_t ty, gpuStream
     rms_norm_streaming_kernel<T, kVec, kFused><<<grid, block, 0, stream>>>(a);
   } else if constexpr (kFused) {
     fused_add_rms_norm_cached_kernel<T, kVec, kCache><<<grid, block, 0, stream>>>(a);
+  } else if (pipelined) {
+    rms_norm_cached_kernel<T, kVec, kCache, true><<<grid, block, 0, stream>>>(a);
   } else {
-    rms_norm_cached_kernel<T, kVec, kCache><<<grid, block, 0, stream>>>(a);
+    rms_norm_cached_kernel<T, kVec, kCache, false><<<grid, block, 0, stream>>>(a);
   }
   return gpuGetLastError();
 }
