@@ -101,16 +101,14 @@ __device__ __forceinline__ void store_quantized(uint8_t* dst, const Vec<T, N>& v
   if constexpr (N == 1) {
     *dst = quantize(to_float(v.v[0]), scale);
   } else {
+    // Pairs of elements convert together (fp8::from_float2), two pairs make a word.
+    auto pair = [&](int e) {
+      return static_cast<uint32_t>(
+          fp8::from_float2(scale.divide(to_float(v.v[e])), scale.divide(to_float(v.v[e + 1]))));
+    };
     uint32_t w[N / 4];
 #pragma unroll
-    for (int i = 0; i < N / 4; ++i) {
-      uint32_t word = 0;
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        word |= static_cast<uint32_t>(quantize(to_float(v.v[4 * i + e]), scale)) << (8 * e);
-      }
-      w[i] = word;
-    }
+    for (int i = 0; i < N / 4; ++i) w[i] = pair(4 * i) | (pair(4 * i + 2) << 16);
     if constexpr (N == 4) {
       *reinterpret_cast<uint32_t*>(dst) = w[0];
     } else {
