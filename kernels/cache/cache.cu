@@ -51,7 +51,9 @@ __device__ __forceinline__ void store16(void* dst, const uint4& v) {
 
 template <typename T, int N, bool kVec>
 __device__ __forceinline__ void load_chunk(Chunk<T, N>& r, const T* __restrict__ src) {
-  if constexpr (kVec) {
+  if constexpr (kVec && sizeof(T) * N == 4) {  // fine paged values: one 4-byte load
+    *reinterpret_cast<uint32_t*>(r.v) = *reinterpret_cast<const uint32_t*>(src);
+  } else if constexpr (kVec) {
     static_assert(sizeof(T) * N % 16 == 0, "vector chunks are whole 16-byte vectors");
 #pragma unroll
     for (int i = 0; i < static_cast<int>(sizeof(T) * N / 16); ++i) {
@@ -174,7 +176,9 @@ struct ItemWalk {
 /// parts of a tile's blocks take its items in turn, a block's threads at a time.
 /// In/Out: raw unsigned integers of the element size for kAuto caches; the input's type and
 /// uint8_t for fp8 caches. kVec: 16-byte accesses (pointers, strides and head_size allow them).
-template <typename In, typename Out, bool kFlash, bool kVec>
+/// kFineValues (paged, small problems): paged values are read 4 bytes at a time, so that their
+/// one-store-an-element scatter spreads over 4x the threads.
+template <typename In, typename Out, bool kFlash, bool kVec, bool kFineValues = false>
 __global__ void __launch_bounds__(kThreads)
     reshape_and_cache_kernel(const ReshapeAndCacheProblem p, const int block_shift) {
   constexpr int kX = 16 / sizeof(Out);  // cache elements per 16-byte chunk
@@ -182,7 +186,8 @@ __global__ void __launch_bounds__(kThreads)
   // (head_size is a multiple of x there), single elements for misaligned flash caches.
   constexpr int kCh = (kVec || !kFlash) ? kX : 1;
   // Paged values are read kVe elements at a time and stored one by one, block_size apart.
-  constexpr int kVe = kFlash ? kCh : (kVec ? static_cast<int>(16 / sizeof(In)) : 1);
+  constexpr int kValueBytes = kFineValues ? 4 : 16;
+  constexpr int kVe = kFlash ? kCh : (kVec ? static_cast<int>(kValueBytes / sizeof(In)) : 1);
 
   const int64_t t0 = static_cast<int64_t>(blockIdx.x) * kTileTokens;
   const int64_t h = blockIdx.y;
@@ -278,11 +283,14 @@ gpuError_t launch_reshape_typed(const ReshapeAndCacheProblem& p, gpuStream_t str
   // that the stores (the paged values are one store per element) spread over more SMs.
   constexpr int64_t kDecodeThreads = 64, kDecodeBlocks = 256;
   const int64_t tiles = (p.num_tokens + kTileTokens - 1) / kTileTokens;
+  const bool small = tiles * p.num_kv_heads < kDecodeBlocks;
+  // Small paged problems with 16-bit inputs also read values in 4-byte pieces (kFineValues).
+  const bool fine = small && !flash && vec && in_size == 2;
   int64_t threads = kThreads, parts = 1;
-  if (tiles * p.num_kv_heads < kDecodeBlocks) {
+  if (small) {
     threads = kDecodeThreads;
     const int64_t tile = p.num_tokens < kTileTokens ? p.num_tokens : kTileTokens;
-    const int64_t items = tile * p.head_size / 8;  // 16-byte pieces of 16-bit rows
+    const int64_t items = tile * p.head_size / (fine ? 2 : 8);  // pieces of 16-bit rows
     parts = (items + kDecodeThreads - 1) / kDecodeThreads;
     if (parts > kMaxGridY) parts = kMaxGridY;
     if (parts < 1) parts = 1;
@@ -294,6 +302,11 @@ gpuError_t launch_reshape_typed(const ReshapeAndCacheProblem& p, gpuStream_t str
     reshape_and_cache_kernel<In, Out, true, true><<<grid, block, 0, stream>>>(p, block_shift);
   } else if (flash) {
     reshape_and_cache_kernel<In, Out, true, false><<<grid, block, 0, stream>>>(p, block_shift);
+  } else if (fine) {
+    if constexpr (in_size == 2) {
+      reshape_and_cache_kernel<In, Out, false, true, true>
+          <<<grid, block, 0, stream>>>(p, block_shift);
+    }
   } else if (vec) {
     reshape_and_cache_kernel<In, Out, false, true><<<grid, block, 0, stream>>>(p, block_shift);
   } else {
