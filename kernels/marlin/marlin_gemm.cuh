@@ -202,13 +202,17 @@ __global__ void __launch_bounds__(32 * kMWarps * kNWarps)
   const int64_t n0 = static_cast<int64_t>(blockIdx.x) * C::kBlockN;
   const int split = blockIdx.z;
   const int64_t n_tiles_total = p.n / kTileN;
-  const int64_t k_tiles_total = p.k / kTileK;
-  const int64_t num_stages = (p.k + kBlockK - 1) / kBlockK;
-  const int64_t stage_begin = num_stages * split / splits;
-  const int64_t stage_end = num_stages * (split + 1) / splits;
-  const int n_iters = static_cast<int>(stage_end - stage_begin);
-  const int64_t num_groups = p.k / p.group_size;
-  const int group_tiles = static_cast<int>(p.group_size / kTileK);  // k steps per group
+  // K fits in 31 bits (launch_gemm_instance checks): the per-stage k arithmetic is 32-bit, so
+  // no stage pays for a 64-bit division (a call into a slow path on the GPU).
+  const int k_total = static_cast<int>(p.k);
+  const int k_tiles_total = k_total / kTileK;
+  const int num_stages = (k_total + kBlockK - 1) / kBlockK;
+  const int stage_begin = num_stages * split / splits;
+  const int stage_end = num_stages * (split + 1) / splits;
+  const int n_iters = stage_end - stage_begin;
+  const int group_size = static_cast<int>(p.group_size);
+  const int num_groups = k_total / group_size;
+  const int group_tiles = group_size / kTileK;  // k steps per group
 
   const T* a = static_cast<const T*>(p.a);
   const T* scales = static_cast<const T*>(p.scales);
@@ -236,25 +240,51 @@ __global__ void __launch_bounds__(32 * kMWarps * kNWarps)
       p.b + b_kk0 * 2 * p.n + blockIdx.x * static_cast<int64_t>(kNWarps) * kTileWords + b_rem * 4;
   const int64_t b_tile_stride = 2 * p.n;  // int32 words from one k-tile to the next
 
+  // The activation copies of a stage: kBlockM rows x 8 chunks of 16 bytes, chunk c = tid + i *
+  // kThreads at row c / 8, column chunk c % 8. Since kThreads is a multiple of 64, a thread's
+  // column chunk and its rows' XOR swizzle (row & 7) are the same in every copy: the global
+  // address is a per-thread base plus i row rounds plus the stage's k, the shared one a
+  // per-thread offset plus a constant, and which rows lie inside M is known before the loop.
+  constexpr int kAChunks = C::kBlockM * 8;
+  constexpr int kARowsPerRound = C::kThreads / 8;
+  constexpr bool kAFull = kAChunks % C::kThreads == 0;  // else one partial round (kACopies 1)
+  constexpr int kACopies = (kAChunks + C::kThreads - 1) / C::kThreads;
+  static_assert(kARowsPerRound % 8 == 0 && (kAFull || kACopies == 1),
+                "activation copies are whole rounds of 8-row swizzle periods");
+  const int a_chunk = tid % 8, a_row0 = tid / 8;
+  const bool a_tid_valid = kAFull || tid < kAChunks;
+  const T* const a_thread = a + (m0 + a_row0) * p.lda + a_chunk * 8;
+  const int64_t a_round_stride = static_cast<int64_t>(kARowsPerRound) * p.lda;
+  const int a_smem =
+      (a_row0 * kBlockK + (a_chunk ^ (a_row0 & 7)) * 8) * static_cast<int>(sizeof(T));
+  uint32_t a_row_valid = 0;
+#pragma unroll
+  for (int i = 0; i < kACopies; ++i) {
+    if (m0 + a_row0 + i * kARowsPerRound < p.m) a_row_valid |= 1u << i;
+  }
+
   // Issues the copies of k slice `stage` into pipeline slot `slot`.
-  auto load_stage = [&](int64_t stage, int slot) {
+  auto load_stage = [&](int stage, int slot) {
     unsigned char* base = stage_ptr(slot);
-    const int64_t k_base = stage * kBlockK;
-    // A: kBlockM rows x 8 chunks of 8 elements. Rows past M are not needed by any stored output
-    // (mma rows are independent), so they are skipped; columns past K must read as zero.
-    T* sa = reinterpret_cast<T*>(base);
-    for_chunks<C::kBlockM * 8, C::kThreads>(tid, [&](int c) {
-      const int row = c / 8, chunk = c % 8;
-      if (m0 + row >= p.m) return;
-      const int64_t k = k_base + chunk * 8;
-      const bool valid = k < p.k;
-      const T* src = valid ? a + (m0 + row) * p.lda + k : a;
-      cp_async16(sa + row * kBlockK + ((chunk ^ (row & 7)) * 8), src, valid);
-    });
+    const int k_base = stage * kBlockK;
+    // A: kBlockM rows x 8 chunks of 8 elements (the per-thread layout above). Rows past M are
+    // not needed by any stored output (mma rows are independent), so they are skipped; columns
+    // past K must read as zero.
+    const bool a_k_valid = k_base + a_chunk * 8 < k_total;
+    const T* a_stage = a_thread + k_base;
+#pragma unroll
+    for (int i = 0; i < kACopies; ++i) {
+      if (a_tid_valid) {
+        if (a_row_valid & (1u << i)) {
+          cp_async16(base + a_smem + i * kARowsPerRound * kBlockK * static_cast<int>(sizeof(T)),
+                     a_k_valid ? a_stage + i * a_round_stride : a, a_k_valid);
+        }
+      }
+    }
     // B (the per-thread layout above). Only a stage past the last k-tile (K not a multiple of
     // kBlockK) has invalid rows.
     unsigned char* sb = base + C::kABytes;
-    const int32_t* b_stage = b_thread + stage * kKSteps * b_tile_stride;
+    const int32_t* b_stage = b_thread + static_cast<int64_t>(stage) * kKSteps * b_tile_stride;
 #pragma unroll
     for (int i = 0; i < kBCopies; ++i) {
       const bool valid = b_col_valid && stage * kKSteps + b_kk0 + i * kMWarps < k_tiles_total;
@@ -267,8 +297,8 @@ __global__ void __launch_bounds__(32 * kMWarps * kNWarps)
       }
     }
     if constexpr (kGrouped) {
-      const int64_t r0 = k_base / p.group_size;
-      const int64_t r1 = r0 + 1 < num_groups ? r0 + 1 : num_groups - 1;
+      const int r0 = k_base / group_size;
+      const int r1 = r0 + 1 < num_groups ? r0 + 1 : num_groups - 1;
       T* ss = reinterpret_cast<T*>(base + C::kABytes + C::kBBytes);
       for_chunks<2 * C::kBlockN / 8, C::kThreads>(tid, [&](int c) {
         const int r = c / (C::kBlockN / 8), col = (c % (C::kBlockN / 8)) * 8;
@@ -327,14 +357,14 @@ __global__ void __launch_bounds__(32 * kMWarps * kNWarps)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
 
-  auto compute_stage = [&](int slot, int64_t stage) {
+  auto compute_stage = [&](int slot, int stage) {
     const unsigned char* base = stage_ptr(slot);
     const T* sa = reinterpret_cast<const T*>(base);
     const int4* sb = reinterpret_cast<const int4*>(base + C::kABytes);
     // The slice's k steps fall in at most two groups (group_size >= 32, a multiple of 16): row
     // 0 or 1 of the slice's scales, found from the first step's offset in its group with one
     // division per slice instead of two 64-bit ones per step.
-    const int offset_in_group = kGrouped ? static_cast<int>((stage * kKSteps) % group_tiles) : 0;
+    const int offset_in_group = kGrouped ? (stage * kKSteps) % group_tiles : 0;
     int current_row = -1;
     // Register double buffer of the A fragments and the packed weight vector per k step.
     uint32_t af[2][kMTiles][4];
@@ -505,6 +535,7 @@ template <typename T, WeightType kWeight, bool kGrouped, int kMTiles, int kMWarp
 gpuError_t launch_gemm_instance(const GemmProblem& p, int splits, gpuStream_t stream) {
   using C = Config<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps>;
   auto kernel = gemm_kernel<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps>;
+  if (p.k <= 0 || p.k > (int64_t{1} << 30)) return cudaErrorInvalidValue;  // 32-bit k in the kernel
   gpuError_t err = configure_instance<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps>(nullptr);
   if (err != gpuSuccess) return err;
   const dim3 grid(static_cast<unsigned>((p.n + C::kBlockN - 1) / C::kBlockN),
