@@ -129,8 +129,9 @@ struct GemmProblem {
 
 /// One entry of the thread-block shape grid (codegen/marlin.py SHAPES).
 struct BlockShape {
-  int m_tiles;  ///< m16 tiles per block (block rows = 16 * m_tiles)
-  int n_warps;  ///< warps side by side along n (block columns = 64 * n_warps)
+  int m_tiles;      ///< m16 tiles per block (block rows = 16 * m_tiles)
+  int n_warps;      ///< warps side by side along n (block columns = 64 * n_warps)
+  int k_warps = 1;  ///< groups of warps that split each k slice of the block's tile
 };
 
 /// What the dispatcher chose for a problem, for tests and benchmarks.

@@ -1,7 +1,10 @@
 // The W4A16 GEMM kernel template. Each generated translation unit (codegen/marlin.py) instantiates
 // launch_gemm_instance<> for one (activation dtype, weight type, group mode, block shape).
 //
-// Structure (one thread block = m_warps x n_warps warps; warp tile = 16*MT rows x 64 columns):
+// Structure (one thread block = k_warps x m_warps x n_warps warps; warp tile = 16*MT rows x 64
+// columns; with k_warps > 1 the k groups of warps share the block's tile, each taking its own k
+// steps of every stage, so that a block has more warps to hide latency without dequantizing any
+// weight twice, and reduce through shared memory at the end):
 //  - a 4-stage cp.async pipeline (6 stages for the 16-row decode block, 3 for the 128-row
 //    block, to fit 99 KiB of shared memory) brings, per 64-deep k slice, the activations
 //    (row-major, 16-byte chunks XOR-swizzled by row so ldmatrix is conflict-free), the packed
@@ -160,9 +163,12 @@ __device__ __forceinline__ void for_chunks(int tid, Fn&& fn) {
 }
 
 /// Compile-time facts of one instantiation.
-template <typename T, WeightType kWeight, bool kGrouped, int kMTiles, int kMWarps, int kNWarps>
+template <typename T, WeightType kWeight, bool kGrouped, int kMTiles, int kMWarps, int kNWarps,
+          int kKWarps>
 struct Config {
-  static constexpr int kThreads = 32 * kMWarps * kNWarps;
+  static constexpr int kThreads = 32 * kMWarps * kNWarps * kKWarps;
+  static constexpr int kWarpKSteps = kKSteps / kKWarps;  ///< k steps per warp per stage
+  static_assert(kKSteps % kKWarps == 0, "k warps split a stage's k steps evenly");
   static constexpr int kBlockM = 16 * kMTiles * kMWarps;
   static constexpr int kBlockN = kTileN * kNWarps;
   static constexpr int kABytes = kBlockM * kBlockK * 2;
@@ -179,23 +185,32 @@ struct Config {
                                      ? kDecodeStages
                                  : kMaxStages * kStageBytes <= kSmemBudget ? kMaxStages
                                                                            : 3;
-  static constexpr int kSmemBytes = kStages * kStageBytes;
+  /// k warps > 1: the warps of k group r > 0 hand their accumulators to group 0 through shared
+  /// memory after the main loop, one group per round (reusing the pipeline's buffers).
+  static constexpr int kReduceBytes = kKWarps > 1 ? kMWarps * kNWarps * 32 * kMTiles * 32 * 4 : 0;
+  static constexpr int kSmemBytes =
+      kStages * kStageBytes > kReduceBytes ? kStages * kStageBytes : kReduceBytes;
   static_assert(kSmemBytes <= kSmemBudget, "a block shape's pipeline must fit every target arch");
   static_assert(kABytes % 16 == 0 && kBBytes % 16 == 0 && kSBytes % 16 == 0 && kZBytes % 16 == 0,
                 "stage parts must stay 16-byte aligned");
 };
 
-template <typename T, WeightType kWeight, bool kGrouped, int kMTiles, int kMWarps, int kNWarps>
-__global__ void __launch_bounds__(32 * kMWarps * kNWarps)
+template <typename T, WeightType kWeight, bool kGrouped, int kMTiles, int kMWarps, int kNWarps,
+          int kKWarps>
+__global__ void __launch_bounds__(32 * kMWarps * kNWarps * kKWarps)
     gemm_kernel(const GemmProblem p, int splits) {
-  using C = Config<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps>;
+  using C = Config<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps, kKWarps>;
   using Tr = Traits<T>;
   using T2 = typename Tr::T2;
   extern __shared__ __align__(16) unsigned char smem[];
 
   const int tid = threadIdx.x;
   const int warp = tid / 32, lane = tid % 32;
-  const int warp_m = warp / kNWarps, warp_n = warp % kNWarps;
+  // Warp w = (warp_k * kMWarps + warp_m) * kNWarps + warp_n: the kKWarps groups of kMWarps x
+  // kNWarps warps share every output tile and take disjoint k steps of each stage.
+  const int warp_mn = kKWarps > 1 ? warp % (kMWarps * kNWarps) : warp;
+  const int warp_k = kKWarps > 1 ? warp / (kMWarps * kNWarps) : 0;  // 0 known at compile time
+  const int warp_m = warp_mn / kNWarps, warp_n = warp_mn % kNWarps;
   const int g = lane / 4, t = lane % 4;
 
   const int64_t m0 = static_cast<int64_t>(blockIdx.y) * C::kBlockM;
@@ -228,11 +243,12 @@ __global__ void __launch_bounds__(32 * kMWarps * kNWarps)
   // The weight copies of a stage: kKSteps k-tiles x kNWarps n-tiles of 512 bytes, contiguous per
   // k-tile in global memory, as 16-byte chunks c = tid + i * kThreads. Since kThreads is a
   // multiple of a k-tile's kNWarps * 32 chunks, a thread's chunk within its k-tile and its n-tile
-  // are the same in every stage, and its k-tiles are kk0, kk0 + kMWarps, ...: the address is a
+  // are the same in every stage, and its k-tiles are kk0, kk0 + kBRows, ...: the address is a
   // per-thread base plus a per-stage offset, with no division or 64-bit multiply per copy.
-  static_assert(C::kThreads % (kNWarps * 32) == 0 && kKSteps % kMWarps == 0,
+  constexpr int kBRows = C::kThreads / (kNWarps * 32);  // k-tiles one round of threads copies
+  static_assert(C::kThreads % (kNWarps * 32) == 0 && kKSteps % kBRows == 0,
                 "a stage's weight chunks are whole rounds of the block's threads");
-  constexpr int kBCopies = kKSteps / kMWarps;  // weight chunks a thread copies per stage
+  constexpr int kBCopies = kKSteps / kBRows;  // weight chunks a thread copies per stage
   const int b_kk0 = tid / (kNWarps * 32);
   const int b_rem = tid % (kNWarps * 32);
   const bool b_col_valid = blockIdx.x * static_cast<int64_t>(kNWarps) + b_rem / 32 < n_tiles_total;
@@ -287,8 +303,8 @@ __global__ void __launch_bounds__(32 * kMWarps * kNWarps)
     const int32_t* b_stage = b_thread + static_cast<int64_t>(stage) * kKSteps * b_tile_stride;
 #pragma unroll
     for (int i = 0; i < kBCopies; ++i) {
-      const bool valid = b_col_valid && stage * kKSteps + b_kk0 + i * kMWarps < k_tiles_total;
-      const int32_t* src = valid ? b_stage + i * kMWarps * b_tile_stride : p.b;
+      const bool valid = b_col_valid && stage * kKSteps + b_kk0 + i * kBRows < k_tiles_total;
+      const int32_t* src = valid ? b_stage + i * kBRows * b_tile_stride : p.b;
       unsigned char* dst = sb + (tid + i * C::kThreads) * 16;
       if constexpr (C::kBlockM <= 16) {
         cp_async16_hint(dst, src, valid, policy);
@@ -379,12 +395,15 @@ __global__ void __launch_bounds__(32 * kMWarps * kNWarps)
       }
       b_vec = sb[(kk * kNWarps + warp_n) * 32 + lane];
     };
-    fetch(0, af[0], bq[0]);
+    // This warp's k steps of the stage: kk0, kk0 + 1, ... (all of them with one k group).
+    const int kk0 = warp_k * C::kWarpKSteps;
+    fetch(kk0, af[0], bq[0]);
 #pragma unroll
-    for (int kk = 0; kk < kKSteps; ++kk) {
+    for (int i = 0; i < C::kWarpKSteps; ++i) {
+      const int kk = kk0 + i;
       if constexpr (kGrouped) {
         const int r = offset_in_group + kk >= group_tiles ? 1 : 0;
-        if (r != current_row) {  // uniform over the block
+        if (r != current_row) {  // uniform over the warp
           current_row = r;
           const T* ss = reinterpret_cast<const T*>(base + C::kABytes + C::kBBytes);
           const int32_t* sz =
@@ -394,8 +413,8 @@ __global__ void __launch_bounds__(32 * kMWarps * kNWarps)
       }
       // This step's fragments were fetched during the previous step; fetch the next step's now,
       // so their shared-memory latency hides behind this step's dequantization and MMAs.
-      if (kk + 1 < kKSteps) fetch(kk + 1, af[(kk + 1) % 2], bq[(kk + 1) % 2]);
-      const int4 packed = bq[kk % 2];
+      if (i + 1 < C::kWarpKSteps) fetch(kk + 1, af[(i + 1) % 2], bq[(i + 1) % 2]);
+      const int4 packed = bq[i % 2];
       const uint32_t words[4] = {static_cast<uint32_t>(packed.x), static_cast<uint32_t>(packed.y),
                                  static_cast<uint32_t>(packed.z), static_cast<uint32_t>(packed.w)};
 #pragma unroll
@@ -411,8 +430,8 @@ __global__ void __launch_bounds__(32 * kMWarps * kNWarps)
         }
 #pragma unroll
         for (int mi = 0; mi < kMTiles; ++mi) {
-          mma_16816<T>(acc[mi][2 * w], af[kk % 2][mi], b[0], b[2]);
-          mma_16816<T>(acc[mi][2 * w + 1], af[kk % 2][mi], b[1], b[3]);
+          mma_16816<T>(acc[mi][2 * w], af[i % 2][mi], b[0], b[2]);
+          mma_16816<T>(acc[mi][2 * w + 1], af[i % 2][mi], b[1], b[3]);
         }
       }
     }
@@ -434,6 +453,38 @@ __global__ void __launch_bounds__(32 * kMWarps * kNWarps)
   }
   cp_async_wait<0>();
 
+  if constexpr (kKWarps > 1) {
+    // In-block reduction over the k groups, in group order (deterministic): group r > 0 stores
+    // its accumulators (16-byte vectors, lane fastest: conflict-free) into the pipeline's
+    // buffers, which every warp is done with after the barrier, and group 0 adds them.
+    float4* red = reinterpret_cast<float4*>(smem) + warp_mn * (kMTiles * 8 * 32) + lane;
+#pragma unroll 1
+    for (int r = 1; r < kKWarps; ++r) {
+      __syncthreads();
+      if (warp_k == r) {
+#pragma unroll
+        for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+          for (int j = 0; j < 8; ++j)
+            red[(mi * 8 + j) * 32] =
+                make_float4(acc[mi][j][0], acc[mi][j][1], acc[mi][j][2], acc[mi][j][3]);
+      }
+      __syncthreads();
+      if (warp_k == 0) {
+#pragma unroll
+        for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            const float4 v = red[(mi * 8 + j) * 32];
+            acc[mi][j][0] += v.x;
+            acc[mi][j][1] += v.y;
+            acc[mi][j][2] += v.z;
+            acc[mi][j][3] += v.w;
+          }
+      }
+    }
+  }
+
   // Epilogue. Accumulator element e of (mi, j): row g + 8 * (e / 2), column 2t + e % 2.
   T* out = static_cast<T*>(p.out);
   const T* bias = static_cast<const T*>(p.bias);
@@ -444,8 +495,10 @@ __global__ void __launch_bounds__(32 * kMWarps * kNWarps)
     }
     *reinterpret_cast<T2*>(out + row * p.ldc + col) = Tr::float2_to(v0, v1);
   };
-  // fn(row, col, v0, v1) for the in-bounds accumulator pairs (v0, v1: the elements of acc).
+  // fn(row, col, v0, v1) for the in-bounds accumulator pairs (v0, v1: the elements of acc) of
+  // k group 0 (which holds the block's sums; the other groups' warps only wait at barriers).
   auto for_each_pair = [&](auto&& fn) {
+    if (kKWarps > 1 && warp_k != 0) return;
 #pragma unroll
     for (int mi = 0; mi < kMTiles; ++mi)
 #pragma unroll
@@ -507,10 +560,11 @@ __global__ void __launch_bounds__(32 * kMWarps * kNWarps)
 /// Sets the kernel's shared-memory opt-in on the current device once (a per-device attribute;
 /// a repeat from a racing thread is harmless) and returns its resident blocks per SM there
 /// (queried once per device; the split heuristic needs it on every call).
-template <typename T, WeightType kWeight, bool kGrouped, int kMTiles, int kMWarps, int kNWarps>
+template <typename T, WeightType kWeight, bool kGrouped, int kMTiles, int kMWarps, int kNWarps,
+          int kKWarps>
 gpuError_t configure_instance(int* blocks_per_sm) {
-  using C = Config<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps>;
-  auto kernel = gemm_kernel<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps>;
+  using C = Config<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps, kKWarps>;
+  auto kernel = gemm_kernel<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps, kKWarps>;
   constexpr int kMaxDevices = 64;
   static std::atomic<int> occupancy[kMaxDevices];  // 0: not configured yet
   int device = 0;
@@ -531,12 +585,14 @@ gpuError_t configure_instance(int* blocks_per_sm) {
 }
 
 /// @brief Launches one instantiation with `splits` k slices (grid: n blocks x m blocks x splits).
-template <typename T, WeightType kWeight, bool kGrouped, int kMTiles, int kMWarps, int kNWarps>
+template <typename T, WeightType kWeight, bool kGrouped, int kMTiles, int kMWarps, int kNWarps,
+          int kKWarps>
 gpuError_t launch_gemm_instance(const GemmProblem& p, int splits, gpuStream_t stream) {
-  using C = Config<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps>;
-  auto kernel = gemm_kernel<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps>;
+  using C = Config<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps, kKWarps>;
+  auto kernel = gemm_kernel<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps, kKWarps>;
   if (p.k <= 0 || p.k > (int64_t{1} << 30)) return cudaErrorInvalidValue;  // 32-bit k in the kernel
-  gpuError_t err = configure_instance<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps>(nullptr);
+  gpuError_t err =
+      configure_instance<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps, kKWarps>(nullptr);
   if (err != gpuSuccess) return err;
   const dim3 grid(static_cast<unsigned>((p.n + C::kBlockN - 1) / C::kBlockN),
                   static_cast<unsigned>((p.m + C::kBlockM - 1) / C::kBlockM),

@@ -321,7 +321,14 @@ def test_gemm_small_workspace_does_not_split(device):
     assert rel_error(out, marlin.gemm_ref(a, layer["w_ref"])) < TOL[torch.float16]
 
 
-BLOCK_SHAPES = ["m16n256", "m32n256", "m64n256", "m128n256"]  # codegen/marlin.py SHAPES
+BLOCK_SHAPES = [  # codegen/marlin.py SHAPES
+    "m16n256",
+    "m32n256",
+    "m32n256k2",
+    "m64n256",
+    "m64n256k2",
+    "m128n256",
+]
 
 
 @pytest.mark.parametrize("shape", BLOCK_SHAPES)
@@ -347,7 +354,10 @@ def test_gemm_forced_config(device, monkeypatch, shape, splits, m):
     assert torch.count_nonzero(ws) == 0, "split-K counters must be left at zero"
 
 
-@pytest.mark.parametrize("config", ["m16", "n256", "m17n256", "m16n256:2x", "fast"])
+@pytest.mark.parametrize(
+    "config",
+    ["m16", "n256", "m17n256", "m16n256:2x", "fast", "m64n256k", "m64n256k0", "m64n256k2x"],
+)
 def test_gemm_forced_config_bad(device, monkeypatch, config):
     require_cuda(device)
     args = gemm_args(device, weight_type="uint4")  # a combination CI's narrowed build holds
@@ -444,12 +454,12 @@ def run_generator(tmp_path, *options):
 def test_codegen_grid_and_narrowing(tmp_path):
     proc, loads = run_generator(tmp_path)
     outputs = loads(proc.stdout)["outputs"]
-    # 2 dtypes x 2 weight types x 2 group modes x 4 block shapes, plus the dispatch table.
-    assert len(outputs) == 2 * 2 * 2 * 4 + 1 and "marlin_dispatch.cu" in outputs
+    # 2 dtypes x 2 weight types x 2 group modes x 6 block shapes, plus the dispatch table.
+    assert len(outputs) == 2 * 2 * 2 * 6 + 1 and "marlin_dispatch.cu" in outputs
     assert "marlin_bf16_uint4_grouped_m16n256.cu" in outputs
     proc, loads = run_generator(tmp_path, "dtypes=bf16", "groups=grouped")
     narrowed = loads(proc.stdout)["outputs"]
-    assert len(narrowed) == 2 * 4 + 1
+    assert len(narrowed) == 2 * 6 + 1
     assert all("_f16_" not in o and "_channel_" not in o for o in narrowed)
 
 
