@@ -7,11 +7,12 @@ results/marlin_<device>.md/.json through the harness.
     python benchmarks/bench_marlin.py --sweep [--quick]
 
 --quick: M in {1, 16, 32, 64, 128} and the two K = 8192 shapes only.
---sweep: for M in {1, 16, 32, 64, 128} and (K, N) in {(8192, 8192), (8192, 28672)} (add --quick for
-M in {1, 16} only), times every (thread-block shape, split) the dispatch could pick, forcing each
-through APHRODITE_MARLIN_CONFIG (a tuning override read by the op), checks each against the fp32
-reference, and prints one line per case: the dispatch's own pick, the best configuration, and
-all of them. Sweep times are the mean of back-to-back calls (no host gap between calls).
+--sweep: for M in {1, 16, 32, 64, 128} and (K, N) in {(8192, 8192), (8192, 28672), (28672, 8192)}
+(add --quick for M in {1, 16} only), times every (thread-block shape, split or stream-K) the
+dispatch could pick, forcing each through APHRODITE_MARLIN_CONFIG (a tuning override read by the
+op), checks each against the fp32 reference, and prints one line per case: the dispatch's own
+pick, the best configuration, and all of them. Sweep times are the mean of back-to-back calls (no
+host gap between calls).
 """
 
 from __future__ import annotations
@@ -107,7 +108,7 @@ def bench_shape(k: int, n: int, ms_list: list[int], ws: torch.Tensor, copy_gbs: 
 
 
 SWEEP_MS = [1, 16, 32, 64, 128]
-SWEEP_SHAPES = [(8192, 8192), (8192, 28672)]
+SWEEP_SHAPES = [(8192, 8192), (8192, 28672), (28672, 8192)]
 # codegen/marlin.py SHAPES: (block rows, name); the k2 shapes are 8-warp twins of the 4-warp ones.
 BLOCK_SHAPES = [
     (16, "m16n256"),
@@ -117,7 +118,9 @@ BLOCK_SHAPES = [
     (64, "m64n256k2"),
     (128, "m128n256"),
 ]
-SPLITS = [None, 1, 2, 3, 4, 6, 8, 12, 16, 24]
+# Config suffixes per block shape: none (the heuristic's split), ":<splits>" (split-K) and ":sk"
+# (stream-K over the blocks resident at once).
+SPLITS = [None, 1, 2, 3, 4, 6, 8, 12, 16, 24, "sk"]
 CONFIG_ENV = "APHRODITE_MARLIN_CONFIG"
 
 
