@@ -6,12 +6,13 @@ results/marlin_<device>.md/.json through the harness.
     python benchmarks/bench_marlin.py [--quick] [--out DIR]
     python benchmarks/bench_marlin.py --sweep [--quick]
 
---quick: M in {1, 16, 64, 128} and the two K = 8192 shapes only.
---sweep: for M in {1, 16, 64, 128} and (K, N) in {(8192, 8192), (8192, 28672)} (add --quick for
-M in {1, 16} only), times every (thread-block shape, split) the dispatch could pick, forcing each
-through APHRODITE_MARLIN_CONFIG (a tuning override read by the op), checks each against the fp32
-reference, and prints one line per case: the dispatch's own pick, the best configuration, and
-all of them. Sweep times are the mean of back-to-back calls (no host gap between calls).
+--quick: M in {1, 16, 32, 64, 128} and the two K = 8192 shapes only.
+--sweep: for M in {1, 16, 32, 64, 128} and (K, N) in {(8192, 8192), (8192, 28672), (28672, 8192)}
+(add --quick for M in {1, 16} only), times every (thread-block shape, split or stream-K) the
+dispatch could pick, forcing each through APHRODITE_MARLIN_CONFIG (a tuning override read by the
+op), checks each against the fp32 reference, and prints one line per case: the dispatch's own
+pick, the best configuration, and all of them. Sweep times are the mean of back-to-back calls (no
+host gap between calls).
 """
 
 from __future__ import annotations
@@ -106,10 +107,20 @@ def bench_shape(k: int, n: int, ms_list: list[int], ws: torch.Tensor, copy_gbs: 
     return rows
 
 
-SWEEP_MS = [1, 16, 64, 128]
-SWEEP_SHAPES = [(8192, 8192), (8192, 28672)]
-BLOCK_SHAPES = {16: "m16n256", 32: "m32n256", 64: "m64n256", 128: "m128n256"}  # SHAPES
-SPLITS = [None, 1, 2, 3, 4, 6, 8, 12, 16, 24]
+SWEEP_MS = [1, 16, 32, 64, 128]
+SWEEP_SHAPES = [(8192, 8192), (8192, 28672), (28672, 8192)]
+# codegen/marlin.py SHAPES: (block rows, name); the k2 shapes are 8-warp twins of the 4-warp ones.
+BLOCK_SHAPES = [
+    (16, "m16n256"),
+    (32, "m32n256"),
+    (32, "m32n256k2"),
+    (64, "m64n256"),
+    (64, "m64n256k2"),
+    (128, "m128n256"),
+]
+# Config suffixes per block shape: none (the heuristic's split), ":<splits>" (split-K) and ":sk"
+# (stream-K over the blocks resident at once).
+SPLITS = [None, 1, 2, 3, 4, 6, 8, 12, 16, 24, "sk"]
 CONFIG_ENV = "APHRODITE_MARLIN_CONFIG"
 
 
@@ -145,10 +156,10 @@ def sweep_shape(k: int, n: int, ms_list: list[int], ws: torch.Tensor) -> None:
         t_default = loop_ms(ours)
         results = {}
         # Block heights from half the smallest that covers M (at least 16) up to twice it.
-        rows = [r for r in BLOCK_SHAPES if max(16, m) // 2 <= r <= 2 * max(16, m)]
-        for r in rows:
+        shapes = [s for r, s in BLOCK_SHAPES if max(16, m) // 2 <= r <= 2 * max(16, m)]
+        for shape in shapes:
             for splits in SPLITS:
-                cfg = BLOCK_SHAPES[r] + ("" if splits is None else f":{splits}")
+                cfg = shape + ("" if splits is None else f":{splits}")
                 os.environ[CONFIG_ENV] = cfg
                 try:
                     out = ours()
@@ -183,7 +194,7 @@ def sweep(ms_list: list[int], ws: torch.Tensor) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument(
-        "--quick", action="store_true", help="M in {1, 16, 64, 128}, the K = 8192 shapes only"
+        "--quick", action="store_true", help="M in {1, 16, 32, 64, 128}, the K = 8192 shapes only"
     )
     parser.add_argument(
         "--sweep", action="store_true", help="time every (block shape, split) per case"

@@ -41,22 +41,34 @@ class Group:
 
 @dataclass(frozen=True)
 class Shape:
-    """A thread block of m_warps x n_warps warps, each 16*m_tiles rows x 64 columns."""
+    """A thread block of k_warps x m_warps x n_warps warps, each 16*m_tiles rows x 64 columns;
+    the k_warps groups share the block's tile and split each k slice (reduced in the block)."""
 
     m_tiles: int
     m_warps: int
     n_warps: int
+    k_warps: int = 1
 
     @property
     def name(self) -> str:
-        return f"m{16 * self.m_tiles * self.m_warps}n{64 * self.n_warps}"
+        k = f"k{self.k_warps}" if self.k_warps > 1 else ""
+        return f"m{16 * self.m_tiles * self.m_warps}n{64 * self.n_warps}{k}"
 
 
 DTYPES = [DType("f16", "__half", "kFloat16"), DType("bf16", "__nv_bfloat16", "kBFloat16")]
 WEIGHTS = [Weight("uint4b8", "kUint4b8"), Weight("uint4", "kUint4")]
 GROUPS = [Group("grouped", True), Group("channel", False)]
-# Decode (M <= 16), small batches (M <= 32, <= 64) and prefill (M > 64).
-SHAPES = [Shape(1, 1, 4), Shape(2, 1, 4), Shape(4, 1, 4), Shape(4, 2, 4)]
+# Decode (M <= 16), small batches (M <= 32, <= 64) and prefill (M > 64). The k2 shapes are the
+# 32- and 64-row blocks with twice the warps (8: two k groups of 4), for the sweep to weigh
+# against their 4-warp twins; the dispatch's heuristic picks among the k1 shapes only.
+SHAPES = [
+    Shape(1, 1, 4),
+    Shape(2, 1, 4),
+    Shape(2, 1, 4, 2),
+    Shape(4, 1, 4),
+    Shape(4, 1, 4, 2),
+    Shape(4, 2, 4),
+]
 TEMPLATES = ["marlin_instance.cu.j2", "marlin_dispatch.cu.j2"]
 
 
@@ -85,7 +97,7 @@ def template_args(dtype: DType, weight: Weight, group: Group, shape: Shape) -> s
     grouped = "true" if group.grouped else "false"
     return (
         f"{dtype.cpp}, WeightType::{weight.enum}, {grouped}, "
-        f"{shape.m_tiles}, {shape.m_warps}, {shape.n_warps}"
+        f"{shape.m_tiles}, {shape.m_warps}, {shape.n_warps}, {shape.k_warps}"
     )
 
 

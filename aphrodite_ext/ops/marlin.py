@@ -14,10 +14,12 @@ weight is our layout (repack with the ops here, not vLLM's), b_scales are plain 
 [K / group, N / 8] (awq_zeros_to_marlin converts AWQ's qzeros). The workspace holds split-K tile
 counters (zeros, left zeroed); vLLM's one-counter-per-SM workspace works and splits less.
 
-For tuning only: the environment variable APHRODITE_MARLIN_CONFIG="m<rows>n<cols>[:<splits>]"
-(e.g. "m16n256:4"), read on every call, forces the GEMM's thread-block shape and split-K factor
-instead of the dispatch's choice (benchmarks/bench_marlin.py --sweep times them all). Every
-configuration computes the same result up to fp32 summation order.
+For tuning only: the environment variable
+APHRODITE_MARLIN_CONFIG="m<rows>n<cols>[k<k warps>][:<splits>|:sk[<blocks>]]" (e.g. "m16n256:4",
+"m64n256k2", "m64n256:sk"), read on every call, forces the GEMM's thread-block shape and its
+split-K factor, or stream-K over <blocks> blocks per row of blocks (default: as many as are
+resident at once), instead of the dispatch's choice (benchmarks/bench_marlin.py --sweep times
+them all). Every configuration computes the same result up to fp32 summation order.
 """
 
 from __future__ import annotations

@@ -129,15 +129,20 @@ struct GemmProblem {
 
 /// One entry of the thread-block shape grid (codegen/marlin.py SHAPES).
 struct BlockShape {
-  int m_tiles;  ///< m16 tiles per block (block rows = 16 * m_tiles)
-  int n_warps;  ///< warps side by side along n (block columns = 64 * n_warps)
+  int m_tiles;      ///< m16 tiles per block (block rows = 16 * m_tiles)
+  int n_warps;      ///< warps side by side along n (block columns = 64 * n_warps)
+  int k_warps = 1;  ///< groups of warps that split each k slice of the block's tile
 };
 
 /// What the dispatcher chose for a problem, for tests and benchmarks.
 struct GemmPlan {
   BlockShape shape;
-  int splits;              ///< k slices reduced through partials and counters
+  int splits;              ///< most blocks that share a tile's k slices (partial slots)
   int64_t partial_floats;  ///< floats of scratch the plan needs (0 without split)
+  /// Blocks per row of blocks (the grid's x): column tiles x splits for split-K; for stream-K
+  /// about the blocks resident at once over the row blocks, each taking an equal share of the
+  /// row's column tiles x k slices (marlin_gemm.cuh).
+  int workers = 0;
 };
 
 }  // namespace aphrodite::marlin
@@ -155,6 +160,11 @@ GemmPlan plan_gemm(const GemmProblem& p);
 /// k slices (<= 0: the heuristic's split for that shape; clamped to what the problem allows).
 /// Its shape is {0, 0} when this build lacks `shape` for p's combination.
 GemmPlan plan_gemm_with(const GemmProblem& p, BlockShape shape, int splits);
+/// @brief For tuning and benchmarks: stream-K with thread-block shape `shape`, `workers` blocks
+/// per row of blocks (<= 0: the blocks resident at once over the row blocks) each walking an
+/// equal share of the (column tile, k slice) units. Its shape is {0, 0} when this build lacks
+/// `shape` for p's combination.
+GemmPlan plan_gemm_stream_k(const GemmProblem& p, BlockShape shape, int workers);
 /// @brief Launches the GEMM per `plan` on `stream`; p.partials must hold
 /// plan.partial_floats floats. Returns the launch's error code.
 gpuError_t launch_gemm(const GemmProblem& p, const GemmPlan& plan, gpuStream_t stream);

@@ -1,7 +1,10 @@
 // The W4A16 GEMM kernel template. Each generated translation unit (codegen/marlin.py) instantiates
 // launch_gemm_instance<> for one (activation dtype, weight type, group mode, block shape).
 //
-// Structure (one thread block = m_warps x n_warps warps; warp tile = 16*MT rows x 64 columns):
+// Structure (one thread block = k_warps x m_warps x n_warps warps; warp tile = 16*MT rows x 64
+// columns; with k_warps > 1 the k groups of warps share the block's tile, each taking its own k
+// steps of every stage, so that a block has more warps to hide latency without dequantizing any
+// weight twice, and reduce through shared memory at the end):
 //  - a 4-stage cp.async pipeline (6 stages for the 16-row decode block, 3 for the 128-row
 //    block, to fit 99 KiB of shared memory) brings, per 64-deep k slice, the activations
 //    (row-major, 16-byte chunks XOR-swizzled by row so ldmatrix is conflict-free), the packed
@@ -11,9 +14,13 @@
 //    per lane (one step ahead, in a register double buffer), dequantizes it in registers
 //    ((code | magic) - (magic + zero)) * scale, and issues MT x 8 mma.sync.m16n8k16 with fp32
 //    accumulators;
-//  - split-K: blockIdx.z takes a contiguous range of k slices; every split writes fp32 partials,
-//    and the last split to arrive at a tile (a counter in the workspace) sums them in split order
-//    (deterministic), adds the bias, writes the output and resets the counter to zero.
+//  - work partition: the blocks of a row of blocks (blockIdx.y) share its (column tile, k slice)
+//    units in equal contiguous ranges, tile-major: one block per tile, split-K (a tile's k slices
+//    over `splits` blocks) or stream-K (as many blocks as are resident at once, each walking its
+//    range across tile boundaries, so that every SM gets the same work whatever the tile count).
+//    Where several blocks share a tile, each writes fp32 partials, and the last to arrive (a
+//    counter in the workspace) sums them in a fixed order (deterministic), adds the bias, writes
+//    the output and resets the counter to zero.
 // Torch-free; sm_80 and newer (mma.sync bf16, cp.async, ldmatrix).
 #pragma once
 
@@ -159,10 +166,62 @@ __device__ __forceinline__ void for_chunks(int tid, Fn&& fn) {
   }
 }
 
+/// gemm_kernel's partition of `units` units over `workers` blocks: block x takes [start(x),
+/// start(x + 1)) with start(x) = floor(x * units / workers), computed in 32 bits (no call into a
+/// 64-bit division routine) as x * (units / workers) + x * (units % workers) / workers, which
+/// holds for x <= workers <= units < 2^31 and workers * (units % workers) < 2^32
+/// (launch_gemm_instance checks; true for any workers < 2^16, and for one block per tile).
+struct Partition {
+  uint32_t workers, quot, rem;
+  __host__ __device__ Partition(uint32_t units, uint32_t w)
+      : workers(w), quot(units / w), rem(units % w) {}
+  __host__ __device__ uint32_t start(uint32_t x) const { return x * quot + x * rem / workers; }
+  /// The blocks that share units [begin, end) (within one tile): [first, last], found by walking
+  /// out from block x, whose range holds `begin` or starts inside [begin, end).
+  __host__ __device__ void sharers(uint32_t x, uint32_t begin, uint32_t end, uint32_t& first,
+                                   uint32_t& last) const {
+    first = x;
+    while (first > 0 && start(first) > begin) --first;
+    last = x;
+    while (last + 1 < workers && start(last + 1) < end) ++last;
+  }
+};
+
+/// One segment of a block's range of units (gemm_kernel): a k range of one column tile.
+struct Segment {
+  int col_block;    ///< the tile's column block; -1 once the range is done
+  int stage_begin;  ///< k slices [stage_begin, stage_end) of the tile
+  int stage_end;
+  int contributors;  ///< blocks that share the tile's k slices
+  int slot;          ///< this block's partial slot among them (in k order)
+  int next_unit;     ///< where the block's range continues
+  int unit_end;      ///< where it ends
+};
+
+/// The most blocks that share one of `col_blocks` column tiles of `num_stages` k slices under
+/// that partition: the fp32 partial slots (each M x N) a launch with `workers` blocks needs.
+inline int64_t max_contributors(int64_t col_blocks, int64_t num_stages, int64_t workers) {
+  const Partition part(static_cast<uint32_t>(col_blocks * num_stages),
+                       static_cast<uint32_t>(workers));
+  int64_t most = 1;
+  uint32_t x = 0;  // the block whose range holds the tile's first unit
+  for (int64_t tile = 0; tile < col_blocks; ++tile) {
+    const uint32_t begin = static_cast<uint32_t>(tile * num_stages);
+    while (x + 1 < part.workers && part.start(x + 1) <= begin) ++x;
+    uint32_t first, last;
+    part.sharers(x, begin, begin + static_cast<uint32_t>(num_stages), first, last);
+    if (last - first + 1 > most) most = last - first + 1;
+  }
+  return most;
+}
+
 /// Compile-time facts of one instantiation.
-template <typename T, WeightType kWeight, bool kGrouped, int kMTiles, int kMWarps, int kNWarps>
+template <typename T, WeightType kWeight, bool kGrouped, int kMTiles, int kMWarps, int kNWarps,
+          int kKWarps>
 struct Config {
-  static constexpr int kThreads = 32 * kMWarps * kNWarps;
+  static constexpr int kThreads = 32 * kMWarps * kNWarps * kKWarps;
+  static constexpr int kWarpKSteps = kKSteps / kKWarps;  ///< k steps per warp per stage
+  static_assert(kKSteps % kKWarps == 0, "k warps split a stage's k steps evenly");
   static constexpr int kBlockM = 16 * kMTiles * kMWarps;
   static constexpr int kBlockN = kTileN * kNWarps;
   static constexpr int kABytes = kBlockM * kBlockK * 2;
@@ -179,308 +238,446 @@ struct Config {
                                      ? kDecodeStages
                                  : kMaxStages * kStageBytes <= kSmemBudget ? kMaxStages
                                                                            : 3;
-  static constexpr int kSmemBytes = kStages * kStageBytes;
+  /// k warps > 1: the warps of k group r > 0 hand their accumulators to group 0 through shared
+  /// memory after the main loop, one group per round (reusing the pipeline's buffers).
+  static constexpr int kReduceBytes = kKWarps > 1 ? kMWarps * kNWarps * 32 * kMTiles * 32 * 4 : 0;
+  static constexpr int kSmemBytes =
+      kStages * kStageBytes > kReduceBytes ? kStages * kStageBytes : kReduceBytes;
   static_assert(kSmemBytes <= kSmemBudget, "a block shape's pipeline must fit every target arch");
   static_assert(kABytes % 16 == 0 && kBBytes % 16 == 0 && kSBytes % 16 == 0 && kZBytes % 16 == 0,
                 "stage parts must stay 16-byte aligned");
 };
 
-template <typename T, WeightType kWeight, bool kGrouped, int kMTiles, int kMWarps, int kNWarps>
-__global__ void __launch_bounds__(32 * kMWarps * kNWarps)
-    gemm_kernel(const GemmProblem p, int splits) {
-  using C = Config<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps>;
+template <typename T, WeightType kWeight, bool kGrouped, int kMTiles, int kMWarps, int kNWarps,
+          int kKWarps>
+__global__ void __launch_bounds__(32 * kMWarps * kNWarps * kKWarps)
+    gemm_kernel(const GemmProblem p) {
+  using C = Config<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps, kKWarps>;
   using Tr = Traits<T>;
   using T2 = typename Tr::T2;
   extern __shared__ __align__(16) unsigned char smem[];
 
   const int tid = threadIdx.x;
   const int warp = tid / 32, lane = tid % 32;
-  const int warp_m = warp / kNWarps, warp_n = warp % kNWarps;
+  // Warp w = (warp_k * kMWarps + warp_m) * kNWarps + warp_n: the kKWarps groups of kMWarps x
+  // kNWarps warps share every output tile and take disjoint k steps of each stage.
+  const int warp_mn = kKWarps > 1 ? warp % (kMWarps * kNWarps) : warp;
+  const int warp_k = kKWarps > 1 ? warp / (kMWarps * kNWarps) : 0;  // 0 known at compile time
+  const int warp_m = warp_mn / kNWarps, warp_n = warp_mn % kNWarps;
   const int g = lane / 4, t = lane % 4;
 
-  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * C::kBlockM;
-  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * C::kBlockN;
-  const int split = blockIdx.z;
-  const int64_t n_tiles_total = p.n / kTileN;
-  const int64_t k_tiles_total = p.k / kTileK;
-  const int64_t num_stages = (p.k + kBlockK - 1) / kBlockK;
-  const int64_t stage_begin = num_stages * split / splits;
-  const int64_t stage_end = num_stages * (split + 1) / splits;
-  const int n_iters = static_cast<int>(stage_end - stage_begin);
-  const int64_t num_groups = p.k / p.group_size;
-  const int group_tiles = static_cast<int>(p.group_size / kTileK);  // k steps per group
+  // The work of a row of blocks (blockIdx.y) is its column tiles x num_stages k slices, as one
+  // sequence of units (tile-major, k fastest) that its gridDim.x blocks share in equal
+  // contiguous ranges: block x takes [x * units / workers, (x + 1) * units / workers). With
+  // workers = column tiles x splits that is split-K (each block one tile, 1/splits of its k);
+  // with workers = the blocks that are resident at once (stream-K) every SM gets the same
+  // work, and a block may finish one tile's k range and start the next tile's. A tile whose
+  // k range spans blocks first..last is summed through fp32 partials (slot x - first) by the
+  // last of them to arrive, in slot order.
+  // Thread 0 works out each segment between two barriers and hands it over in shared memory:
+  // no register holds partition state across the main loop, which the 64-row blocks'
+  // accumulators need, and everything else a segment needs is derived inside the loop from the
+  // launch's parameters, so that only the thread's indices stay live from one segment to the
+  // next.
+  __shared__ Segment seg;
+  if (tid == 0) {
+    const uint32_t units = static_cast<uint32_t>((p.n + C::kBlockN - 1) / C::kBlockN *
+                                                 ((p.k + kBlockK - 1) / kBlockK));
+    const Partition part(units, gridDim.x);
+    seg.next_unit = static_cast<int>(part.start(blockIdx.x));
+    seg.unit_end = static_cast<int>(part.start(blockIdx.x + 1));
+  }
 
-  const T* a = static_cast<const T*>(p.a);
-  const T* scales = static_cast<const T*>(p.scales);
-
-  auto stage_ptr = [&](int slot) { return smem + slot * C::kStageBytes; };
-  // The 16-row (decode) blocks copy the weights with an L2 policy: evict first where there is
-  // one row block, since nothing reads this block's weight tiles again. Taller blocks copy
-  // without one: they have no registers to spare, and in the 32-row grouped kernels ptxas 13.0
-  // gave the hinted copies an odd uniform register as their 64-bit policy operand (an illegal
-  // instruction at run time).
-  const uint64_t policy = C::kBlockM <= 16 ? weight_policy(gridDim.y == 1) : 0;
-
-  // The weight copies of a stage: kKSteps k-tiles x kNWarps n-tiles of 512 bytes, contiguous per
-  // k-tile in global memory, as 16-byte chunks c = tid + i * kThreads. Since kThreads is a
-  // multiple of a k-tile's kNWarps * 32 chunks, a thread's chunk within its k-tile and its n-tile
-  // are the same in every stage, and its k-tiles are kk0, kk0 + kMWarps, ...: the address is a
-  // per-thread base plus a per-stage offset, with no division or 64-bit multiply per copy.
-  static_assert(C::kThreads % (kNWarps * 32) == 0 && kKSteps % kMWarps == 0,
-                "a stage's weight chunks are whole rounds of the block's threads");
-  constexpr int kBCopies = kKSteps / kMWarps;  // weight chunks a thread copies per stage
-  const int b_kk0 = tid / (kNWarps * 32);
-  const int b_rem = tid % (kNWarps * 32);
-  const bool b_col_valid = blockIdx.x * static_cast<int64_t>(kNWarps) + b_rem / 32 < n_tiles_total;
-  const int32_t* const b_thread =
-      p.b + b_kk0 * 2 * p.n + blockIdx.x * static_cast<int64_t>(kNWarps) * kTileWords + b_rem * 4;
-  const int64_t b_tile_stride = 2 * p.n;  // int32 words from one k-tile to the next
-
-  // Issues the copies of k slice `stage` into pipeline slot `slot`.
-  auto load_stage = [&](int64_t stage, int slot) {
-    unsigned char* base = stage_ptr(slot);
-    const int64_t k_base = stage * kBlockK;
-    // A: kBlockM rows x 8 chunks of 8 elements. Rows past M are not needed by any stored output
-    // (mma rows are independent), so they are skipped; columns past K must read as zero.
-    T* sa = reinterpret_cast<T*>(base);
-    for_chunks<C::kBlockM * 8, C::kThreads>(tid, [&](int c) {
-      const int row = c / 8, chunk = c % 8;
-      if (m0 + row >= p.m) return;
-      const int64_t k = k_base + chunk * 8;
-      const bool valid = k < p.k;
-      const T* src = valid ? a + (m0 + row) * p.lda + k : a;
-      cp_async16(sa + row * kBlockK + ((chunk ^ (row & 7)) * 8), src, valid);
-    });
-    // B (the per-thread layout above). Only a stage past the last k-tile (K not a multiple of
-    // kBlockK) has invalid rows.
-    unsigned char* sb = base + C::kABytes;
-    const int32_t* b_stage = b_thread + stage * kKSteps * b_tile_stride;
-#pragma unroll
-    for (int i = 0; i < kBCopies; ++i) {
-      const bool valid = b_col_valid && stage * kKSteps + b_kk0 + i * kMWarps < k_tiles_total;
-      const int32_t* src = valid ? b_stage + i * kMWarps * b_tile_stride : p.b;
-      unsigned char* dst = sb + (tid + i * C::kThreads) * 16;
-      if constexpr (C::kBlockM <= 16) {
-        cp_async16_hint(dst, src, valid, policy);
+  // The segments of this block's range: a k range of one column tile each.
+  for (;;) {
+    __syncthreads();  // every warp is done with the previous segment's shared memory and `seg`
+    if (tid == 0) {
+      const int num_stages = static_cast<int>((p.k + kBlockK - 1) / kBlockK);
+      const int unit = seg.next_unit;
+      if (unit >= seg.unit_end) {
+        seg.col_block = -1;
       } else {
-        cp_async16(dst, src, valid);
+        const int col_block = unit / num_stages;
+        const int tile_unit0 = col_block * num_stages;
+        const uint32_t units =
+            static_cast<uint32_t>((p.n + C::kBlockN - 1) / C::kBlockN) * num_stages;
+        uint32_t first, last;
+        Partition(units, gridDim.x)
+            .sharers(blockIdx.x, tile_unit0, tile_unit0 + num_stages, first, last);
+        seg.col_block = col_block;
+        seg.stage_begin = unit - tile_unit0;
+        seg.stage_end = min(seg.unit_end - tile_unit0, num_stages);
+        seg.contributors = static_cast<int>(last - first + 1);
+        seg.slot = static_cast<int>(blockIdx.x - first);
+        seg.next_unit = tile_unit0 + seg.stage_end;
       }
     }
-    if constexpr (kGrouped) {
-      const int64_t r0 = k_base / p.group_size;
-      const int64_t r1 = r0 + 1 < num_groups ? r0 + 1 : num_groups - 1;
-      T* ss = reinterpret_cast<T*>(base + C::kABytes + C::kBBytes);
-      for_chunks<2 * C::kBlockN / 8, C::kThreads>(tid, [&](int c) {
-        const int r = c / (C::kBlockN / 8), col = (c % (C::kBlockN / 8)) * 8;
-        const int64_t row = r == 0 ? r0 : r1;
-        const bool valid = n0 + col < p.n;
-        cp_async16(ss + r * C::kBlockN + col, valid ? scales + row * p.n + n0 + col : scales,
-                   valid);
-      });
-      if constexpr (C::kZeros) {
-        int32_t* sz = reinterpret_cast<int32_t*>(base + C::kABytes + C::kBBytes + C::kSBytes);
-        constexpr int kWordsPerRow = C::kBlockN / 8;
-        for_chunks<2 * kWordsPerRow / 4, C::kThreads>(tid, [&](int c) {
-          const int r = c / (kWordsPerRow / 4), word = (c % (kWordsPerRow / 4)) * 4;
-          const int64_t row = r == 0 ? r0 : r1;
-          const bool valid = n0 + word * 8 < p.n;
-          cp_async16(sz + r * kWordsPerRow + word,
-                     valid ? p.zeros + row * (p.n / 8) + n0 / 8 + word : p.zeros, valid);
-        });
+    __syncthreads();
+    const int col_block = seg.col_block;
+    if (col_block < 0) break;
+    const int stage_begin = seg.stage_begin;
+    const int n_iters = seg.stage_end - stage_begin;
+    const int64_t n0 = static_cast<int64_t>(col_block) * C::kBlockN;
+
+    const int64_t m0 = static_cast<int64_t>(blockIdx.y) * C::kBlockM;
+    const int64_t n_tiles_total = p.n / kTileN;
+    // K fits in 31 bits (launch_gemm_instance checks): the per-stage k arithmetic is 32-bit, so
+    // no stage pays for a 64-bit division (a call into a slow path on the GPU).
+    const int k_total = static_cast<int>(p.k);
+    const int k_tiles_total = k_total / kTileK;
+    const int num_stages = (k_total + kBlockK - 1) / kBlockK;
+    const int group_size = static_cast<int>(p.group_size);
+    const int num_groups = k_total / group_size;
+    const int group_tiles = group_size / kTileK;  // k steps per group
+
+    const T* a = static_cast<const T*>(p.a);
+    const T* scales = static_cast<const T*>(p.scales);
+
+    auto stage_ptr = [&](int slot) { return smem + slot * C::kStageBytes; };
+    // The 16-row (decode) blocks copy the weights with an L2 policy: evict first where there is
+    // one row block, since nothing reads this block's weight tiles again. Taller blocks copy
+    // without one: they have no registers to spare, and in the 32-row grouped kernels ptxas 13.0
+    // gave the hinted copies an odd uniform register as their 64-bit policy operand (an illegal
+    // instruction at run time).
+    const uint64_t policy = C::kBlockM <= 16 ? weight_policy(gridDim.y == 1) : 0;
+
+    // The activation copies of a stage: kBlockM rows x 8 chunks of 16 bytes, chunk c = tid + i *
+    // kThreads at row c / 8, column chunk c % 8. Since kThreads is a multiple of 64, a thread's
+    // column chunk and its rows' XOR swizzle (row & 7) are the same in every copy: the global
+    // address is a per-thread base plus i row rounds plus the stage's k, the shared one a
+    // per-thread offset plus a constant, and which rows lie inside M is known before the loop.
+    constexpr int kAChunks = C::kBlockM * 8;
+    constexpr int kARowsPerRound = C::kThreads / 8;
+    constexpr bool kAFull = kAChunks % C::kThreads == 0;  // else one partial round (kACopies 1)
+    constexpr int kACopies = (kAChunks + C::kThreads - 1) / C::kThreads;
+    static_assert(kARowsPerRound % 8 == 0 && (kAFull || kACopies == 1),
+                  "activation copies are whole rounds of 8-row swizzle periods");
+    const int a_chunk = tid % 8, a_row0 = tid / 8;
+    const bool a_tid_valid = kAFull || tid < kAChunks;
+    const T* const a_thread = a + (m0 + a_row0) * p.lda + a_chunk * 8;
+    const int64_t a_round_stride = static_cast<int64_t>(kARowsPerRound) * p.lda;
+    const int a_smem =
+        (a_row0 * kBlockK + (a_chunk ^ (a_row0 & 7)) * 8) * static_cast<int>(sizeof(T));
+    uint32_t a_row_valid = 0;
+#pragma unroll
+    for (int i = 0; i < kACopies; ++i) {
+      if (m0 + a_row0 + i * kARowsPerRound < p.m) a_row_valid |= 1u << i;
+    }
+
+    // The weight copies of a stage: kKSteps k-tiles x kNWarps n-tiles of 512 bytes, contiguous per
+    // k-tile in global memory, as 16-byte chunks c = tid + i * kThreads. Since kThreads is a
+    // multiple of a k-tile's kNWarps * 32 chunks, a thread's chunk within its k-tile and its n-tile
+    // are the same in every stage, and its k-tiles are kk0, kk0 + kBRows, ...: the address is a
+    // per-thread base plus a per-stage offset, with no division or 64-bit multiply per copy.
+    constexpr int kBRows = C::kThreads / (kNWarps * 32);  // k-tiles one round of threads copies
+    static_assert(C::kThreads % (kNWarps * 32) == 0 && kKSteps % kBRows == 0,
+                  "a stage's weight chunks are whole rounds of the block's threads");
+    constexpr int kBCopies = kKSteps / kBRows;  // weight chunks a thread copies per stage
+    const int b_kk0 = tid / (kNWarps * 32);
+    const int b_rem = tid % (kNWarps * 32);
+    const bool b_col_valid = static_cast<int64_t>(col_block) * kNWarps + b_rem / 32 < n_tiles_total;
+    const int32_t* const b_thread =
+        p.b + b_kk0 * 2 * p.n + static_cast<int64_t>(col_block) * kNWarps * kTileWords + b_rem * 4;
+    const int64_t b_tile_stride = 2 * p.n;  // int32 words from one k-tile to the next
+
+    // Issues the copies of k slice `stage` into pipeline slot `slot`.
+    auto load_stage = [&](int stage, int slot) {
+      unsigned char* base = stage_ptr(slot);
+      const int k_base = stage * kBlockK;
+      // A: kBlockM rows x 8 chunks of 8 elements (the per-thread layout above). Rows past M are
+      // not needed by any stored output (mma rows are independent), so they are skipped; columns
+      // past K must read as zero.
+      const bool a_k_valid = k_base + a_chunk * 8 < k_total;
+      const T* a_stage = a_thread + k_base;
+#pragma unroll
+      for (int i = 0; i < kACopies; ++i) {
+        if (a_tid_valid) {
+          if (a_row_valid & (1u << i)) {
+            cp_async16(base + a_smem + i * kARowsPerRound * kBlockK * static_cast<int>(sizeof(T)),
+                       a_k_valid ? a_stage + i * a_round_stride : a, a_k_valid);
+          }
+        }
       }
-    }
-  };
-
-  // Per-column dequantization constants of the warp's 8 n8 sub-tiles (column 8j + g of the
-  // warp's 64): scale, and magic + zero point, both as pairs.
-  T2 scale2[8], sub2[8];
-  auto set_group = [&](const T* srow, const int32_t* zrow) {
+      // B (the per-thread layout above). Only a stage past the last k-tile (K not a multiple of
+      // kBlockK) has invalid rows.
+      unsigned char* sb = base + C::kABytes;
+      const int32_t* b_stage = b_thread + static_cast<int64_t>(stage) * kKSteps * b_tile_stride;
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const int col = warp_n * kTileN + 8 * j + g;  // within the block
-      const T s = srow[col];
-      scale2[j] = T2{s, s};
-      int zero = 8;
-      if constexpr (C::kZeros) zero = (zrow[col / 8] >> (4 * (col % 8))) & 0xf;
-      const float sub = Tr::kMagicValue + static_cast<float>(zero);
-      sub2[j] = Tr::pair(sub, sub);
-    }
-  };
-
-  if constexpr (!kGrouped) {
-    // One group per channel: the constants never change; read them once from global memory
-    // (offset by the block's first column so set_group's indexing is shared).
-    const int64_t col = n0 + warp_n * kTileN;
-    if (col < p.n) {
-      set_group(scales + n0, C::kZeros ? p.zeros + n0 / 8 : nullptr);
-    } else {
-#pragma unroll
-      for (int j = 0; j < 8; ++j) scale2[j] = sub2[j] = Tr::pair(0.f, 0.f);
-    }
-  }
-
-  float acc[kMTiles][8][4];
-#pragma unroll
-  for (int i = 0; i < kMTiles; ++i)
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
-
-  auto compute_stage = [&](int slot, int64_t stage) {
-    const unsigned char* base = stage_ptr(slot);
-    const T* sa = reinterpret_cast<const T*>(base);
-    const int4* sb = reinterpret_cast<const int4*>(base + C::kABytes);
-    // The slice's k steps fall in at most two groups (group_size >= 32, a multiple of 16): row
-    // 0 or 1 of the slice's scales, found from the first step's offset in its group with one
-    // division per slice instead of two 64-bit ones per step.
-    const int offset_in_group = kGrouped ? static_cast<int>((stage * kKSteps) % group_tiles) : 0;
-    int current_row = -1;
-    // Register double buffer of the A fragments and the packed weight vector per k step.
-    uint32_t af[2][kMTiles][4];
-    int4 bq[2];
-    auto fetch = [&](int kk, uint32_t (&a_frag)[kMTiles][4], int4& b_vec) {
-#pragma unroll
-      for (int mi = 0; mi < kMTiles; ++mi) {
-        const int mat = lane / 8;
-        const int row = (warp_m * kMTiles + mi) * 16 + (lane % 8) + 8 * (mat & 1);
-        const int chunk = kk * 2 + (mat >> 1);
-        ldmatrix_x4(a_frag[mi], sa + row * kBlockK + ((chunk ^ (row & 7)) * 8));
+      for (int i = 0; i < kBCopies; ++i) {
+        const bool valid = b_col_valid && stage * kKSteps + b_kk0 + i * kBRows < k_tiles_total;
+        const int32_t* src = valid ? b_stage + i * kBRows * b_tile_stride : p.b;
+        unsigned char* dst = sb + (tid + i * C::kThreads) * 16;
+        if constexpr (C::kBlockM <= 16) {
+          cp_async16_hint(dst, src, valid, policy);
+        } else {
+          cp_async16(dst, src, valid);
+        }
       }
-      b_vec = sb[(kk * kNWarps + warp_n) * 32 + lane];
-    };
-    fetch(0, af[0], bq[0]);
-#pragma unroll
-    for (int kk = 0; kk < kKSteps; ++kk) {
       if constexpr (kGrouped) {
-        const int r = offset_in_group + kk >= group_tiles ? 1 : 0;
-        if (r != current_row) {  // uniform over the block
-          current_row = r;
-          const T* ss = reinterpret_cast<const T*>(base + C::kABytes + C::kBBytes);
-          const int32_t* sz =
-              reinterpret_cast<const int32_t*>(base + C::kABytes + C::kBBytes + C::kSBytes);
-          set_group(ss + r * C::kBlockN, C::kZeros ? sz + r * (C::kBlockN / 8) : nullptr);
+        const int r0 = k_base / group_size;
+        const int r1 = r0 + 1 < num_groups ? r0 + 1 : num_groups - 1;
+        T* ss = reinterpret_cast<T*>(base + C::kABytes + C::kBBytes);
+        for_chunks<2 * C::kBlockN / 8, C::kThreads>(tid, [&](int c) {
+          const int r = c / (C::kBlockN / 8), col = (c % (C::kBlockN / 8)) * 8;
+          const int64_t row = r == 0 ? r0 : r1;
+          const bool valid = n0 + col < p.n;
+          cp_async16(ss + r * C::kBlockN + col, valid ? scales + row * p.n + n0 + col : scales,
+                     valid);
+        });
+        if constexpr (C::kZeros) {
+          int32_t* sz = reinterpret_cast<int32_t*>(base + C::kABytes + C::kBBytes + C::kSBytes);
+          constexpr int kWordsPerRow = C::kBlockN / 8;
+          for_chunks<2 * kWordsPerRow / 4, C::kThreads>(tid, [&](int c) {
+            const int r = c / (kWordsPerRow / 4), word = (c % (kWordsPerRow / 4)) * 4;
+            const int64_t row = r == 0 ? r0 : r1;
+            const bool valid = n0 + word * 8 < p.n;
+            cp_async16(sz + r * kWordsPerRow + word,
+                       valid ? p.zeros + row * (p.n / 8) + n0 / 8 + word : p.zeros, valid);
+          });
         }
       }
-      // This step's fragments were fetched during the previous step; fetch the next step's now,
-      // so their shared-memory latency hides behind this step's dequantization and MMAs.
-      if (kk + 1 < kKSteps) fetch(kk + 1, af[(kk + 1) % 2], bq[(kk + 1) % 2]);
-      const int4 packed = bq[kk % 2];
-      const uint32_t words[4] = {static_cast<uint32_t>(packed.x), static_cast<uint32_t>(packed.y),
-                                 static_cast<uint32_t>(packed.z), static_cast<uint32_t>(packed.w)};
+    };
+
+    // Per-column dequantization constants of the warp's 8 n8 sub-tiles (column 8j + g of the
+    // warp's 64): scale, and magic + zero point, both as pairs.
+    T2 scale2[8], sub2[8];
+    auto set_group = [&](const T* srow, const int32_t* zrow) {
 #pragma unroll
-      for (int w = 0; w < 4; ++w) {
-        // Nibble pairs (j, j + 4) for j = 0..3: b01 of sub-tile 2w, b01 of 2w+1, b23 of 2w,
-        // b23 of 2w+1 (marlin.h).
-        uint32_t b[4];
+      for (int j = 0; j < 8; ++j) {
+        const int col = warp_n * kTileN + 8 * j + g;  // within the block
+        const T s = srow[col];
+        scale2[j] = T2{s, s};
+        int zero = 8;
+        if constexpr (C::kZeros) zero = (zrow[col / 8] >> (4 * (col % 8))) & 0xf;
+        const float sub = Tr::kMagicValue + static_cast<float>(zero);
+        sub2[j] = Tr::pair(sub, sub);
+      }
+    };
+
+    if constexpr (!kGrouped) {
+      // One group per channel: the constants never change; read them once from global memory
+      // (offset by the block's first column so set_group's indexing is shared).
+      const int64_t col = n0 + warp_n * kTileN;
+      if (col < p.n) {
+        set_group(scales + n0, C::kZeros ? p.zeros + n0 / 8 : nullptr);
+      } else {
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const int tile = 2 * w + (j & 1);
-          const T2 v = as_t2<T2>(lop3_and_or(words[w] >> (4 * j), 0x000f000fu, Tr::kMagic));
-          b[j] = as_u32(__hmul2(__hsub2(v, sub2[tile]), scale2[tile]));
-        }
-#pragma unroll
-        for (int mi = 0; mi < kMTiles; ++mi) {
-          mma_16816<T>(acc[mi][2 * w], af[kk % 2][mi], b[0], b[2]);
-          mma_16816<T>(acc[mi][2 * w + 1], af[kk % 2][mi], b[1], b[3]);
-        }
+        for (int j = 0; j < 8; ++j) scale2[j] = sub2[j] = Tr::pair(0.f, 0.f);
       }
     }
-  };
 
-  // The pipeline: C::kStages - 1 slices in flight while one is computed.
+    float acc[kMTiles][8][4];
 #pragma unroll
-  for (int s = 0; s < C::kStages - 1; ++s) {
-    if (s < n_iters) load_stage(stage_begin + s, s);
-    cp_async_commit();
-  }
-  for (int it = 0; it < n_iters; ++it) {
-    cp_async_wait<C::kStages - 2>();
-    __syncthreads();  // slice `it` is visible to all, and slot (it - 1) % C::kStages is free
-    const int next = it + C::kStages - 1;
-    if (next < n_iters) load_stage(stage_begin + next, next % C::kStages);
-    cp_async_commit();
-    compute_stage(it % C::kStages, stage_begin + it);
-  }
-  cp_async_wait<0>();
-
-  // Epilogue. Accumulator element e of (mi, j): row g + 8 * (e / 2), column 2t + e % 2.
-  T* out = static_cast<T*>(p.out);
-  const T* bias = static_cast<const T*>(p.bias);
-  auto store = [&](int64_t row, int64_t col, float v0, float v1) {
-    if (bias != nullptr) {
-      v0 += Tr::to_float(bias[col]);
-      v1 += Tr::to_float(bias[col + 1]);
-    }
-    *reinterpret_cast<T2*>(out + row * p.ldc + col) = Tr::float2_to(v0, v1);
-  };
-  // fn(row, col, v0, v1) for the in-bounds accumulator pairs (v0, v1: the elements of acc).
-  auto for_each_pair = [&](auto&& fn) {
-#pragma unroll
-    for (int mi = 0; mi < kMTiles; ++mi)
+    for (int i = 0; i < kMTiles; ++i)
 #pragma unroll
       for (int j = 0; j < 8; ++j)
 #pragma unroll
+        for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+
+    auto compute_stage = [&](int slot, int stage) {
+      const unsigned char* base = stage_ptr(slot);
+      const T* sa = reinterpret_cast<const T*>(base);
+      const int4* sb = reinterpret_cast<const int4*>(base + C::kABytes);
+      // The slice's k steps fall in at most two groups (group_size >= 32, a multiple of 16): row
+      // 0 or 1 of the slice's scales, found from the first step's offset in its group with one
+      // division per slice instead of two 64-bit ones per step.
+      const int offset_in_group = kGrouped ? (stage * kKSteps) % group_tiles : 0;
+      int current_row = -1;
+      // Register double buffer of the A fragments and the packed weight vector per k step.
+      uint32_t af[2][kMTiles][4];
+      int4 bq[2];
+      auto fetch = [&](int kk, uint32_t (&a_frag)[kMTiles][4], int4& b_vec) {
+#pragma unroll
+        for (int mi = 0; mi < kMTiles; ++mi) {
+          const int mat = lane / 8;
+          const int row = (warp_m * kMTiles + mi) * 16 + (lane % 8) + 8 * (mat & 1);
+          const int chunk = kk * 2 + (mat >> 1);
+          ldmatrix_x4(a_frag[mi], sa + row * kBlockK + ((chunk ^ (row & 7)) * 8));
+        }
+        b_vec = sb[(kk * kNWarps + warp_n) * 32 + lane];
+      };
+      // This warp's k steps of the stage: kk0, kk0 + 1, ... (all of them with one k group).
+      const int kk0 = warp_k * C::kWarpKSteps;
+      fetch(kk0, af[0], bq[0]);
+#pragma unroll
+      for (int i = 0; i < C::kWarpKSteps; ++i) {
+        const int kk = kk0 + i;
+        if constexpr (kGrouped) {
+          const int r = offset_in_group + kk >= group_tiles ? 1 : 0;
+          if (r != current_row) {  // uniform over the warp
+            current_row = r;
+            const T* ss = reinterpret_cast<const T*>(base + C::kABytes + C::kBBytes);
+            const int32_t* sz =
+                reinterpret_cast<const int32_t*>(base + C::kABytes + C::kBBytes + C::kSBytes);
+            set_group(ss + r * C::kBlockN, C::kZeros ? sz + r * (C::kBlockN / 8) : nullptr);
+          }
+        }
+        // This step's fragments were fetched during the previous step; fetch the next step's now,
+        // so their shared-memory latency hides behind this step's dequantization and MMAs.
+        if (i + 1 < C::kWarpKSteps) fetch(kk + 1, af[(i + 1) % 2], bq[(i + 1) % 2]);
+        const int4 packed = bq[i % 2];
+        const uint32_t words[4] = {static_cast<uint32_t>(packed.x), static_cast<uint32_t>(packed.y),
+                                   static_cast<uint32_t>(packed.z),
+                                   static_cast<uint32_t>(packed.w)};
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+          // Nibble pairs (j, j + 4) for j = 0..3: b01 of sub-tile 2w, b01 of 2w+1, b23 of 2w,
+          // b23 of 2w+1 (marlin.h).
+          uint32_t b[4];
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const int tile = 2 * w + (j & 1);
+            const T2 v = as_t2<T2>(lop3_and_or(words[w] >> (4 * j), 0x000f000fu, Tr::kMagic));
+            b[j] = as_u32(__hmul2(__hsub2(v, sub2[tile]), scale2[tile]));
+          }
+#pragma unroll
+          for (int mi = 0; mi < kMTiles; ++mi) {
+            mma_16816<T>(acc[mi][2 * w], af[i % 2][mi], b[0], b[2]);
+            mma_16816<T>(acc[mi][2 * w + 1], af[i % 2][mi], b[1], b[3]);
+          }
+        }
+      }
+    };
+
+    // The pipeline: C::kStages - 1 slices in flight while one is computed.
+#pragma unroll
+    for (int s = 0; s < C::kStages - 1; ++s) {
+      if (s < n_iters) load_stage(stage_begin + s, s);
+      cp_async_commit();
+    }
+    for (int it = 0; it < n_iters; ++it) {
+      cp_async_wait<C::kStages - 2>();
+      __syncthreads();  // slice `it` is visible to all, and slot (it - 1) % C::kStages is free
+      const int next = it + C::kStages - 1;
+      if (next < n_iters) load_stage(stage_begin + next, next % C::kStages);
+      cp_async_commit();
+      compute_stage(it % C::kStages, stage_begin + it);
+    }
+    cp_async_wait<0>();
+
+    if constexpr (kKWarps > 1) {
+      // In-block reduction over the k groups, in group order (deterministic): group r > 0 stores
+      // its accumulators (16-byte vectors, lane fastest: conflict-free) into the pipeline's
+      // buffers, which every warp is done with after the barrier, and group 0 adds them.
+      float4* red = reinterpret_cast<float4*>(smem) + warp_mn * (kMTiles * 8 * 32) + lane;
+#pragma unroll 1
+      for (int r = 1; r < kKWarps; ++r) {
+        __syncthreads();
+        if (warp_k == r) {
+#pragma unroll
+          for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+              red[(mi * 8 + j) * 32] =
+                  make_float4(acc[mi][j][0], acc[mi][j][1], acc[mi][j][2], acc[mi][j][3]);
+        }
+        __syncthreads();
+        if (warp_k == 0) {
+#pragma unroll
+          for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+              const float4 v = red[(mi * 8 + j) * 32];
+              acc[mi][j][0] += v.x;
+              acc[mi][j][1] += v.y;
+              acc[mi][j][2] += v.z;
+              acc[mi][j][3] += v.w;
+            }
+        }
+      }
+    }
+
+    // Epilogue. Accumulator element e of (mi, j): row g + 8 * (e / 2), column 2t + e % 2.
+    T* out = static_cast<T*>(p.out);
+    const T* bias = static_cast<const T*>(p.bias);
+    auto store = [&](int64_t row, int64_t col, float v0, float v1) {
+      if (bias != nullptr) {
+        v0 += Tr::to_float(bias[col]);
+        v1 += Tr::to_float(bias[col + 1]);
+      }
+      *reinterpret_cast<T2*>(out + row * p.ldc + col) = Tr::float2_to(v0, v1);
+    };
+    // fn(row, col, v0, v1) for the in-bounds accumulator pairs (v0, v1: the elements of acc) of
+    // k group 0 (which holds the block's sums; the other groups' warps only wait at barriers).
+    // N is a multiple of kTileN (the binding checks): a warp's 64 columns are all inside N or
+    // all past it, so one test per warp (not one per pair) bounds the columns.
+    auto for_each_pair = [&](auto&& fn) {
+      if (kKWarps > 1 && warp_k != 0) return;
+      if (n0 + warp_n * kTileN >= p.n) return;
+#pragma unroll
+      for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int64_t row = m0 + (warp_m * kMTiles + mi) * 16 + g + 8 * h;
-          const int64_t col = n0 + warp_n * kTileN + 8 * j + 2 * t;
-          if (row < p.m && col < p.n) fn(row, col, acc[mi][j][2 * h], acc[mi][j][2 * h + 1]);
+          if (row >= p.m) continue;
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            const int64_t col = n0 + warp_n * kTileN + 8 * j + 2 * t;
+            fn(row, col, acc[mi][j][2 * h], acc[mi][j][2 * h + 1]);
+          }
         }
-  };
+    };
 
-  if (splits == 1) {
-    for_each_pair(store);
-    return;
-  }
+    // Read again after the main loop rather than kept in registers through it.
+    const int contributors = seg.contributors;
+    if (contributors == 1) {
+      for_each_pair(store);
+      continue;
+    }
+    const int partial_slot = seg.slot;
 
-  for_each_pair([&](int64_t row, int64_t col, float v0, float v1) {
-    *reinterpret_cast<float2*>(p.partials + (split * p.m + row) * p.n + col) = make_float2(v0, v1);
-  });
-  __threadfence();
-  __syncthreads();
-  __shared__ int last;
-  const int64_t tile = static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x;
-  if (tid == 0) last = atomicAdd(p.counters + tile, 1) == splits - 1;
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  // The partials summed in split order (the result does not depend on timing). The 16-row
-  // (decode) block sums into acc split by split: its 16 loads of one split go out together, so
-  // it waits for memory once a split, not once for every few loads of each pair. Taller blocks
-  // (rarely split) sum pair by pair: 16 more registers in flight per m tile cost them occupancy.
-  if constexpr (kMTiles == 1) {
-    for_each_pair([](int64_t, int64_t, float& v0, float& v1) { v0 = v1 = 0.f; });
-    for (int z = 0; z < splits; ++z) {
-      for_each_pair([&](int64_t row, int64_t col, float& v0, float& v1) {
-        const float2 v =
-            __ldcg(reinterpret_cast<const float2*>(p.partials + (z * p.m + row) * p.n + col));
-        v0 += v.x;
-        v1 += v.y;
+    for_each_pair([&](int64_t row, int64_t col, float v0, float v1) {
+      *reinterpret_cast<float2*>(p.partials + (partial_slot * p.m + row) * p.n + col) =
+          make_float2(v0, v1);
+    });
+    __threadfence();
+    __syncthreads();
+    __shared__ int is_last;
+    const int64_t tile =
+        static_cast<int64_t>(blockIdx.y) * ((p.n + C::kBlockN - 1) / C::kBlockN) + seg.col_block;
+    if (tid == 0) is_last = atomicAdd(p.counters + tile, 1) == contributors - 1;
+    __syncthreads();
+    if (!is_last) continue;
+    __threadfence();
+    // The partials summed in slot order (the result does not depend on timing). The 16-row
+    // (decode) block sums into acc slot by slot: its 16 loads of one slot go out together, so
+    // it waits for memory once a slot, not once for every few loads of each pair. Taller blocks
+    // (rarely split) sum pair by pair: 16 more registers in flight per m tile cost them occupancy.
+    if constexpr (kMTiles == 1) {
+      for_each_pair([](int64_t, int64_t, float& v0, float& v1) { v0 = v1 = 0.f; });
+      for (int z = 0; z < contributors; ++z) {
+        for_each_pair([&](int64_t row, int64_t col, float& v0, float& v1) {
+          const float2 v =
+              __ldcg(reinterpret_cast<const float2*>(p.partials + (z * p.m + row) * p.n + col));
+          v0 += v.x;
+          v1 += v.y;
+        });
+      }
+      for_each_pair(store);
+    } else {
+      for_each_pair([&](int64_t row, int64_t col, float, float) {
+        float v0 = 0.f, v1 = 0.f;
+        for (int z = 0; z < contributors; ++z) {
+          const float2 v =
+              __ldcg(reinterpret_cast<const float2*>(p.partials + (z * p.m + row) * p.n + col));
+          v0 += v.x;
+          v1 += v.y;
+        }
+        store(row, col, v0, v1);
       });
     }
-    for_each_pair(store);
-  } else {
-    for_each_pair([&](int64_t row, int64_t col, float, float) {
-      float v0 = 0.f, v1 = 0.f;
-      for (int z = 0; z < splits; ++z) {
-        const float2 v =
-            __ldcg(reinterpret_cast<const float2*>(p.partials + (z * p.m + row) * p.n + col));
-        v0 += v.x;
-        v1 += v.y;
-      }
-      store(row, col, v0, v1);
-    });
+    if (tid == 0) p.counters[tile] = 0;  // every contributor has arrived: ready for the next launch
   }
-  if (tid == 0) p.counters[tile] = 0;  // every split has arrived: ready for the next launch
 }
 
 /// Sets the kernel's shared-memory opt-in on the current device once (a per-device attribute;
 /// a repeat from a racing thread is harmless) and returns its resident blocks per SM there
 /// (queried once per device; the split heuristic needs it on every call).
-template <typename T, WeightType kWeight, bool kGrouped, int kMTiles, int kMWarps, int kNWarps>
+template <typename T, WeightType kWeight, bool kGrouped, int kMTiles, int kMWarps, int kNWarps,
+          int kKWarps>
 gpuError_t configure_instance(int* blocks_per_sm) {
-  using C = Config<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps>;
-  auto kernel = gemm_kernel<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps>;
+  using C = Config<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps, kKWarps>;
+  auto kernel = gemm_kernel<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps, kKWarps>;
   constexpr int kMaxDevices = 64;
   static std::atomic<int> occupancy[kMaxDevices];  // 0: not configured yet
   int device = 0;
@@ -500,17 +697,30 @@ gpuError_t configure_instance(int* blocks_per_sm) {
   return gpuSuccess;
 }
 
-/// @brief Launches one instantiation with `splits` k slices (grid: n blocks x m blocks x splits).
-template <typename T, WeightType kWeight, bool kGrouped, int kMTiles, int kMWarps, int kNWarps>
-gpuError_t launch_gemm_instance(const GemmProblem& p, int splits, gpuStream_t stream) {
-  using C = Config<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps>;
-  auto kernel = gemm_kernel<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps>;
-  gpuError_t err = configure_instance<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps>(nullptr);
+/// @brief Launches one instantiation on a grid of `workers` x (row blocks): the `workers` blocks of
+/// a row of blocks share its column tiles x k slices in equal contiguous ranges (gemm_kernel).
+/// workers = column tiles x splits is split-K; every tile whose k range several blocks share
+/// needs p.partials (max_contributors(...) x M x N floats) and a counter (of col tiles x row
+/// blocks) in p.counters.
+template <typename T, WeightType kWeight, bool kGrouped, int kMTiles, int kMWarps, int kNWarps,
+          int kKWarps>
+gpuError_t launch_gemm_instance(const GemmProblem& p, int workers, gpuStream_t stream) {
+  using C = Config<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps, kKWarps>;
+  auto kernel = gemm_kernel<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps, kKWarps>;
+  if (p.k <= 0 || p.k > (int64_t{1} << 30)) return cudaErrorInvalidValue;  // 32-bit k in the kernel
+  const int64_t units = (p.n + C::kBlockN - 1) / C::kBlockN * ((p.k + kBlockK - 1) / kBlockK);
+  // Every block needs a unit at least: a tile's count of contributors assumes no empty range.
+  // The kernel's partition arithmetic is 32-bit (Partition).
+  if (workers < 1 || workers > units || units >= (int64_t{1} << 31) ||
+      static_cast<int64_t>(workers) * (units % workers) >= (int64_t{1} << 32)) {
+    return cudaErrorInvalidValue;
+  }
+  gpuError_t err =
+      configure_instance<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps, kKWarps>(nullptr);
   if (err != gpuSuccess) return err;
-  const dim3 grid(static_cast<unsigned>((p.n + C::kBlockN - 1) / C::kBlockN),
-                  static_cast<unsigned>((p.m + C::kBlockM - 1) / C::kBlockM),
-                  static_cast<unsigned>(splits));
-  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(p, splits);
+  const dim3 grid(static_cast<unsigned>(workers),
+                  static_cast<unsigned>((p.m + C::kBlockM - 1) / C::kBlockM));
+  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
   return gpuGetLastError();
 }
 

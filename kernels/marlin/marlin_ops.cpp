@@ -101,23 +101,45 @@ at::Tensor awq_marlin_repack(const at::Tensor& b_q_weight, int64_t size_k, int64
 
 #if defined(APHRODITE_BACKEND_GPU) && APHRODITE_FAMILY_BUILT
 /// The dispatch's plan, or, for tuning only, the one APHRODITE_MARLIN_CONFIG forces:
-/// "m<rows>n<cols>" (a thread-block shape of codegen/marlin.py SHAPES, e.g. m16n256) with an
-/// optional ":<splits>" (k slices; without it the heuristic's split for that shape). Read on
-/// every call (a getenv), so a benchmark can sweep configurations in one process
-/// (benchmarks/bench_marlin.py --sweep). Every configuration computes the same result; an
-/// unknown or unbuilt shape raises.
+/// "m<rows>n<cols>[k<k warps>]" (a thread-block shape of codegen/marlin.py SHAPES, e.g. m16n256
+/// or m64n256k2) with an optional ":<splits>" (k slices; without it the heuristic's split for
+/// that shape) or ":sk[<blocks>]" (stream-K over <blocks> blocks per row of blocks; without a
+/// number the blocks resident at once). Read on every call (a getenv), so a benchmark can sweep
+/// configurations in one process (benchmarks/bench_marlin.py --sweep). Every configuration
+/// computes the same result up to fp32 summation order; an unknown or unbuilt shape raises.
 marlin::GemmPlan plan_for(const char* op, const marlin::GemmProblem& p) {
   const char* forced = std::getenv("APHRODITE_MARLIN_CONFIG");
   if (forced == nullptr || forced[0] == '\0') return marlin::plan_gemm(p);
-  int rows = 0, cols = 0, splits = 0;
-  char tail = 0;
-  const int fields = std::sscanf(forced, "m%dn%d:%d%c", &rows, &cols, &splits, &tail);
-  TORCH_CHECK(
-      (fields == 2 || fields == 3) && rows > 0 && rows % 16 == 0 && cols > 0 && cols % 64 == 0, op,
-      ": APHRODITE_MARLIN_CONFIG='", forced, "' is not 'm<rows>n<cols>[:<splits>]' ",
-      "(e.g. m16n256:4)");
-  const marlin::GemmPlan plan =
-      marlin::plan_gemm_with(p, marlin::BlockShape{rows / 16, cols / 64}, splits);
+  int rows = 0, cols = 0, k_warps = 1, splits = 0, used = 0;
+  bool stream_k = false;
+  bool ok = std::sscanf(forced, "m%dn%d%n", &rows, &cols, &used) == 2;
+  const char* rest = forced + used;
+  if (ok && *rest == 'k') {
+    used = 0;
+    ok = std::sscanf(rest, "k%d%n", &k_warps, &used) == 1 && k_warps >= 1;
+    rest += used;
+  }
+  if (ok && rest[0] == ':' && rest[1] == 's' && rest[2] == 'k') {
+    stream_k = true;
+    rest += 3;
+    if (*rest != '\0') {
+      used = 0;
+      ok = std::sscanf(rest, "%d%n", &splits, &used) == 1 && splits >= 1;
+      rest += used;
+    }
+  } else if (ok && *rest == ':') {
+    used = 0;
+    ok = std::sscanf(rest, ":%d%n", &splits, &used) == 1;
+    rest += used;
+  }
+  ok = ok && *rest == '\0';
+  TORCH_CHECK(ok && rows > 0 && rows % 16 == 0 && cols > 0 && cols % 64 == 0, op,
+              ": APHRODITE_MARLIN_CONFIG='", forced,
+              "' is not 'm<rows>n<cols>[k<k warps>][:<splits>|:sk[<blocks>]]' ",
+              "(e.g. m16n256:4, m64n256k2, m64n256:sk)");
+  const marlin::BlockShape shape{rows / 16, cols / 64, k_warps};
+  const marlin::GemmPlan plan = stream_k ? marlin::plan_gemm_stream_k(p, shape, splits)
+                                         : marlin::plan_gemm_with(p, shape, splits);
   TORCH_CHECK(plan.shape.m_tiles != 0, op, ": APHRODITE_MARLIN_CONFIG='", forced,
               "' names a block shape this build does not hold for these types");
   return plan;

@@ -321,7 +321,14 @@ def test_gemm_small_workspace_does_not_split(device):
     assert rel_error(out, marlin.gemm_ref(a, layer["w_ref"])) < TOL[torch.float16]
 
 
-BLOCK_SHAPES = ["m16n256", "m32n256", "m64n256", "m128n256"]  # codegen/marlin.py SHAPES
+BLOCK_SHAPES = [  # codegen/marlin.py SHAPES
+    "m16n256",
+    "m32n256",
+    "m32n256k2",
+    "m64n256",
+    "m64n256k2",
+    "m128n256",
+]
 
 
 @pytest.mark.parametrize("shape", BLOCK_SHAPES)
@@ -347,7 +354,92 @@ def test_gemm_forced_config(device, monkeypatch, shape, splits, m):
     assert torch.count_nonzero(ws) == 0, "split-K counters must be left at zero"
 
 
-@pytest.mark.parametrize("config", ["m16", "n256", "m17n256", "m16n256:2x", "fast"])
+STREAM_K_SHAPES = ["m16n256", "m32n256", "m64n256", "m64n256k2", "m128n256"]
+
+
+@pytest.mark.parametrize("shape", STREAM_K_SHAPES)
+@pytest.mark.parametrize("blocks", [None, 1, 3, 7, 40, 10_000])
+@pytest.mark.parametrize("m", [1, 33, 130])
+def test_gemm_stream_k(device, monkeypatch, shape, blocks, m):
+    # Stream-K (":sk[<blocks>]"): <blocks> blocks per row of blocks walk the (column tile, k
+    # slice) units in equal ranges across tile boundaries; 11 column tiles of 18 slices (a k tail
+    # in each tile's last slice) over 1, 3, 7 or 40 blocks split tiles at uneven points, over as
+    # many blocks as fit (None) or more than there are units (clamped). Exact, deterministic,
+    # and the counters left at zero.
+    require_cuda(device)
+    k, n = 1104, 2816  # 17.25 slices of 64; 11 tiles of 256 columns
+    layer = make_layer(k, n, torch.float16, "uint4", 48, False, device)
+    a = torch.randn(m, k, dtype=torch.float16, device=device)
+    ws = marlin.make_workspace(device)
+    monkeypatch.setenv(
+        "APHRODITE_MARLIN_CONFIG", shape + ":sk" + ("" if blocks is None else str(blocks))
+    )
+    try:
+        out = run_gemm(a, layer, "uint4", workspace=ws)
+    except RuntimeError as e:
+        if "does not hold" in str(e):
+            pytest.skip(f"{shape} is not in this build")
+        raise
+    assert torch.isfinite(out).all()
+    assert rel_error(out, marlin.gemm_ref(a, layer["w_ref"])) < TOL[torch.float16]
+    assert torch.count_nonzero(ws) == 0, "split-K counters must be left at zero"
+    assert torch.equal(out, run_gemm(a, layer, "uint4", workspace=ws)), "not deterministic"
+
+
+@pytest.mark.parametrize("dtype", list(TOL))
+@pytest.mark.parametrize("weight_type", WEIGHT_TYPES)
+@pytest.mark.parametrize("group_size", GROUPS)
+@pytest.mark.parametrize("kn", [(16, 64), (96, 320), (1152, 704), (4096, 4096)])
+def test_gemm_stream_k_groups(device, monkeypatch, dtype, weight_type, group_size, kn):
+    # Every combination's stream-K path, at K below one slice, with a k tail, and at a size
+    # where the resident blocks outnumber the column tiles; the decode and the 64-row block.
+    require_cuda(device)
+    k, n = kn
+    if group_size > 0 and k % group_size:
+        pytest.skip("K is not a multiple of the group size")
+    layer = make_layer(k, n, dtype, weight_type, group_size, False, device)
+    ws = marlin.make_workspace(device)
+    for m, shape in ((5, "m16n256"), (61, "m64n256")):
+        a = torch.randn(m, k, dtype=dtype, device=device)
+        monkeypatch.setenv("APHRODITE_MARLIN_CONFIG", shape + ":sk")
+        try:
+            out = run_gemm(a, layer, weight_type, workspace=ws)
+        except RuntimeError as e:
+            if "does not hold" in str(e):
+                continue
+            raise
+        assert rel_error(out, marlin.gemm_ref(a, layer["w_ref"])) < TOL[dtype], shape
+        assert torch.count_nonzero(ws) == 0, "split-K counters must be left at zero"
+
+
+def test_gemm_stream_k_small_workspace(device, monkeypatch):
+    # With fewer counters than tiles stream-K must fall back to one block per tile.
+    require_cuda(device)
+    layer = make_layer(4096, 1024, torch.float16, "uint4", 128, False, device)
+    a = torch.randn(3, 4096, dtype=torch.float16, device=device)
+    ws = torch.zeros(1, dtype=torch.int32, device=device)
+    monkeypatch.setenv("APHRODITE_MARLIN_CONFIG", "m16n256:sk")
+    out = run_gemm(a, layer, "uint4", workspace=ws)
+    assert rel_error(out, marlin.gemm_ref(a, layer["w_ref"])) < TOL[torch.float16]
+    assert torch.count_nonzero(ws) == 0
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        "m16",
+        "n256",
+        "m17n256",
+        "m16n256:2x",
+        "fast",
+        "m64n256k",
+        "m64n256k0",
+        "m64n256k2x",
+        "m16n256:sk0",
+        "m16n256:skx",
+        "m16n256:s",
+    ],
+)
 def test_gemm_forced_config_bad(device, monkeypatch, config):
     require_cuda(device)
     args = gemm_args(device, weight_type="uint4")  # a combination CI's narrowed build holds
@@ -444,12 +536,12 @@ def run_generator(tmp_path, *options):
 def test_codegen_grid_and_narrowing(tmp_path):
     proc, loads = run_generator(tmp_path)
     outputs = loads(proc.stdout)["outputs"]
-    # 2 dtypes x 2 weight types x 2 group modes x 4 block shapes, plus the dispatch table.
-    assert len(outputs) == 2 * 2 * 2 * 4 + 1 and "marlin_dispatch.cu" in outputs
+    # 2 dtypes x 2 weight types x 2 group modes x 6 block shapes, plus the dispatch table.
+    assert len(outputs) == 2 * 2 * 2 * 6 + 1 and "marlin_dispatch.cu" in outputs
     assert "marlin_bf16_uint4_grouped_m16n256.cu" in outputs
     proc, loads = run_generator(tmp_path, "dtypes=bf16", "groups=grouped")
     narrowed = loads(proc.stdout)["outputs"]
-    assert len(narrowed) == 2 * 4 + 1
+    assert len(narrowed) == 2 * 6 + 1
     assert all("_f16_" not in o and "_channel_" not in o for o in narrowed)
 
 
