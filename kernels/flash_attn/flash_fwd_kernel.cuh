@@ -635,10 +635,12 @@ gpuError_t flash_fwd_start(const FwdProblem& p, gpuStream_t stream) {
   return gpuGetLastError();
 }
 
-/// Launches one instantiation; the dispatch (generated) picks it from the problem.
-template <int kHeadDim, typename Element, bool kCausal, bool kPaged>
+/// Launches one instantiation; the dispatch (generated) picks it from the problem. kBlockM: the
+/// query rows per CTA, 0 for default_block_m(kHeadDim) (the generator's block_m option sets it).
+template <int kHeadDim, typename Element, bool kCausal, bool kPaged, int kBlockM = 0>
 gpuError_t flash_fwd_launch(const FwdProblem& problem, gpuStream_t stream) {
-  using Traits = FwdTraits<kHeadDim, Element, kCausal>;
+  using Traits =
+      FwdTraits<kHeadDim, Element, kCausal, kBlockM == 0 ? default_block_m(kHeadDim) : kBlockM>;
   FwdProblem p = problem;
   const detail::FastDiv block_div(kPaged ? p.block_size : 1);
   p.block_size_mul = block_div.mul;
