@@ -9,6 +9,10 @@ Options (APHRODITE_GENERATOR_OPTIONS="flash_attn.head_dims=128;flash_attn.dtypes
   causal     which masks: a subset of off,on (default both)
   paged      which K/V layouts: a subset of off,on (default both); off drops the block-table
              (paged KV cache) variant, on keeps only it
+  block_m    query rows per CTA at given head dims, as head_dim:rows pairs (rows 64 or 128;
+             "block_m=128:128"); a head dim not named keeps the kernel's default_block_m. For
+             comparing tile shapes on a GPU: the file names stay, the content (and so the build)
+             changes
   backend    cuda (set by the build; the family has no ROCm path)
 
 Cost: one CuTe instantiation is one nvcc run of about a minute per arch here; the full grid is
@@ -40,6 +44,7 @@ DTYPES = [
 ]
 # Multiples of 32 (the kernel's shared-memory tiling); 64 and 128 are the common ones.
 HEAD_DIMS = ["64", "96", "128", "192", "256"]
+BLOCK_M = ["64", "128"]
 CAUSAL = ["off", "on"]
 PAGED = ["off", "on"]
 TEMPLATES = ["flash_attn_instance.cu.j2", "flash_attn_dispatch.cu.j2"]
@@ -51,12 +56,41 @@ class Instance:
     dtype: DType
     causal: bool
     paged: bool
+    block_m: int = 0  # 0: the kernel's default_block_m(head_dim)
+
+    @property
+    def launch_args(self) -> str:
+        args = [
+            str(self.head_dim),
+            self.dtype.cpp,
+            "true" if self.causal else "false",
+            "true" if self.paged else "false",
+        ]
+        if self.block_m:
+            args.append(str(self.block_m))
+        return ", ".join(args)
 
     @property
     def file(self) -> str:
         mask = "causal" if self.causal else "full"
         layout = "_paged" if self.paged else ""
         return f"flash_fwd_h{self.head_dim}_{self.dtype.name}_{mask}{layout}.cu"
+
+
+def block_m_overrides(value: str | None) -> dict[int, int]:
+    """The block_m option ("128:128,96:64") as {head_dim: rows}."""
+    if value is None:
+        return {}
+    out = {}
+    for item in (v.strip() for v in value.split(",") if v.strip()):
+        head, _, rows = item.partition(":")
+        if head.strip() not in HEAD_DIMS or rows.strip() not in BLOCK_M:
+            raise SystemExit(
+                f"generator option block_m={value!r}: expected comma-separated head_dim:rows "
+                f"pairs, head_dim one of {','.join(HEAD_DIMS)}, rows one of {','.join(BLOCK_M)}"
+            )
+        out[int(head)] = int(rows)
+    return out
 
 
 def instances(request: common.Request) -> list[Instance]:
@@ -67,8 +101,9 @@ def instances(request: common.Request) -> list[Instance]:
     dtypes = request.option_list("dtypes", [d.name for d in DTYPES])
     masks = request.option_list("causal", CAUSAL)
     layouts = request.option_list("paged", PAGED)
+    block_m = block_m_overrides(request.options.get("block_m"))
     return [
-        Instance(int(h), d, m == "on", pg == "on")
+        Instance(int(h), d, m == "on", pg == "on", block_m.get(int(h), 0))
         for h in heads
         for d in DTYPES
         if d.name in dtypes

@@ -42,8 +42,11 @@ struct FwdProblem {
   int num_heads;
   int num_kv_heads;  ///< divides num_heads
   int head_dim;
-  int max_seqlen_q;     ///< >= every sequence's query length (sizes the grid)
-  int block_size;       ///< paged: keys per cache block, a multiple of 16
+  int max_seqlen_q;  ///< >= every sequence's query length (sizes the grid)
+  int block_size;    ///< paged: keys per cache block, a multiple of 16
+  /// Set by the launch from block_size (callers leave them): the constants of the kernel's
+  /// division by block_size (a multiply-high, an add and a shift; see detail::FastDiv).
+  uint32_t block_size_mul, block_size_shift;
   int window_left;      ///< >= 0, or -1: unbounded
   int window_right;     ///< >= 0, or -1: unbounded; ignored (0) when causal
   float softmax_scale;  ///< > 0

@@ -10,9 +10,11 @@
 // first tile any row of the CTA sees, and only the tiles that straddle an edge are masked.
 // Softmax statistics stay in fp32 registers; the 4 lanes that share a row of the mma accumulator
 // reduce with two xor shuffles. The paged variant (kPaged) gathers each K/V tile row through the
-// block table: every thread resolves the cache rows it copies one tile ahead, while the current
-// tile's scores are computed, so the table's latency hides behind the mma (head dims up to 128;
-// above, registers allow only resolving at each load).
+// block table. Its copies take a tile's rows in an order (FwdTraits::PagedRowOrder) that puts the
+// rows of a thread in pairs r, r + 8 of one 16-row group, hence one cache block: a thread reads one
+// table entry per pair, one tile ahead while the current tile's scores are computed (head dims up
+// to 128; above, registers allow only resolving at each load), and forms one 64-bit address per
+// pair; the block-size division is a multiply-high with constants the launch computes.
 #pragma once
 
 #include <cmath>
@@ -81,6 +83,23 @@ struct FwdTraits {
       cute::Copy_Atom<cute::UniversalCopy<cute::uint128_t>, Element>{}, GmemThreadLayout{},
       cute::Layout<cute::Shape<cute::_1, cute::_8>>{}));
 
+  // The paged variant reorders the rows of every tile it copies (Q, K, V and O; the same
+  // permutation on the global and the shared-memory side) so that the rows a thread copies lie
+  // in few 16-row groups: a cache block is a multiple of 16 rows, so one block-table entry serves
+  // a group. In pass m of a copy, thread row a (of kGmemRowsPerPass) copies tile row
+  // (a % 8) + 16 (a / 8) + 8 (m % 2) + 2 kGmemRowsPerPass (m / 2): passes 2h and 2h + 1 share a
+  // group (rows r and r + 8), so a thread reads kCopyPasses / 2 entries a K/V tile. Its rows keep
+  // one row % 8, so the swizzle is the same in all of them: the shared-memory side stays one base
+  // register plus constant offsets, shared by the Q, K, V and O copies as in the dense layout.
+  static constexpr int kGmemRowsPerPass = kNThreads / kGmemThreadsPerRow;
+  static constexpr int kCopyPasses = kBlockN / kGmemRowsPerPass;
+  static_assert(kGmemRowsPerPass % 8 == 0 && kCopyPasses % 2 == 0);
+  template <int kRows>
+  using PagedRowOrder =
+      cute::Layout<cute::Shape<cute::_8, cute::Int<kGmemRowsPerPass / 8>, cute::_2,
+                               cute::Int<kRows / (2 * kGmemRowsPerPass)>>,
+                   cute::Stride<cute::_1, cute::_16, cute::_8, cute::Int<2 * kGmemRowsPerPass>>>;
+
   static constexpr int kSmemQElems = kBlockM * kHeadDim;
   static constexpr int kSmemKVElems = kBlockN * kHeadDim;
   static constexpr int kSmemBytes =
@@ -141,16 +160,40 @@ __device__ __forceinline__ float tanh_accurate(float x) {
   return copysignf(__fdividef(1.f - e, 1.f + e), x);
 }
 
+// n / d for 0 <= n < 2^31 and a run-time d >= 1 (round-up method of Granlund and Montgomery):
+// q = (umulhi(n, mul) + n) >> shift, with 2^shift >= d and mul = floor(2^32 (2^shift - d) / d) + 1;
+// a power of two gets mul = 1, whose high product is 0. The launch computes the constants (one
+// 64-bit divide) into the kernel's parameters, so that they cost the kernel no registers.
+struct FastDiv {
+  uint32_t mul;
+  uint32_t shift;
+  CUTE_HOST_DEVICE FastDiv(uint32_t mul_, uint32_t shift_) : mul(mul_), shift(shift_) {}
+  CUTE_HOST_DEVICE explicit FastDiv(int d) {
+    shift = 0;
+    while ((uint64_t{1} << shift) < static_cast<uint64_t>(d)) ++shift;
+    mul = static_cast<uint32_t>(((uint64_t{1} << 32) * ((uint64_t{1} << shift) - d)) / d) + 1;
+  }
+  CUTE_HOST_DEVICE int operator()(int n) const {
+#if defined(__CUDA_ARCH__)
+    const uint32_t hi = __umulhi(static_cast<uint32_t>(n), mul);
+#else
+    const uint32_t hi = static_cast<uint32_t>((uint64_t{static_cast<uint32_t>(n)} * mul) >> 32);
+#endif
+    return static_cast<int>((hi + static_cast<uint32_t>(n)) >> shift);
+  }
+};
+
 // Copies the rows of a (kRows, head_dim) tile that lie before `valid_rows` with the tiled
 // copy; zero-fills the others in shared memory, so that padding never feeds a NaN into P V.
-// kFull: the caller knows every row is valid (no test, no zero fill).
-template <bool kFull = false, typename TiledCopy, typename TS, typename TD, typename TC>
+// row_of(m): the tile row of the thread's pass m. kFull: the caller knows every row is valid
+// (no test, no zero fill).
+template <bool kFull = false, typename TiledCopy, typename TS, typename TD, typename RowOf>
 __device__ __forceinline__ void copy_rows(const TiledCopy& tiled_copy, const TS& src, TD& dst,
-                                          const TC& coords, int valid_rows) {
+                                          const RowOf& row_of, int valid_rows) {
   using namespace cute;
   CUTE_UNROLL
   for (int m = 0; m < size<1>(dst); ++m) {
-    if (kFull || get<0>(coords(0, m, 0)) < valid_rows) {
+    if (kFull || row_of(m) < valid_rows) {
       CUTE_UNROLL
       for (int k = 0; k < size<2>(dst); ++k) copy(tiled_copy, src(_, m, k), dst(_, m, k));
     } else {
@@ -274,77 +317,121 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(const FwdP
 
   typename Traits::GmemCopyIn gmem_copy;
   auto gmem_thr = gmem_copy.get_thread_slice(tid);
-  Tensor tQgQ = gmem_thr.partition_S(gQ);
-  Tensor tQsQ = gmem_thr.partition_D(sQ);
-  Tensor tQcQ = gmem_thr.partition_S(make_identity_tensor(TileQ{}));
-  Tensor tKsK = gmem_thr.partition_D(sK);
-  Tensor tVsV = gmem_thr.partition_D(sV);
-  Tensor tKVc = gmem_thr.partition_S(make_identity_tensor(TileKV{}));
+  // The row order of the gmem <-> smem tile copies (Q, K, V, O): FwdTraits::PagedRowOrder in the
+  // paged variant, else the identity. order_rows views a (rows, head_dim) tile in that order;
+  // copy_row(rows, m) is the tile row of the thread's pass m (the copies share one thread layout,
+  // and pass m is kGmemRowsPerPass rows below pass 0 before the reordering, which is linear in
+  // the pass and the thread's row).
+  auto order_rows = [](auto tile) {
+    if constexpr (kPaged) {
+      constexpr int kRows = decltype(size<0>(tile))::value;
+      using Order = typename Traits::template PagedRowOrder<kRows>;
+      return make_tensor(
+          tile.data(),
+          composition(tile.layout(), make_layout(Order{}, Layout<Int<kHeadDim>, Int<kRows>>{})));
+    } else {
+      return tile;
+    }
+  };
+  const int copy_row0 = get<0>(gmem_thr.partition_S(make_identity_tensor(TileKV{}))(0, 0, 0));
+  const int copy_col0 = get<1>(gmem_thr.partition_S(make_identity_tensor(TileKV{}))(0, 0, 0));
+  auto copy_row = [&](auto rows, int m) {
+    constexpr int kRows = decltype(rows)::value;
+    if constexpr (kPaged) {
+      using Order = typename Traits::template PagedRowOrder<kRows>;
+      return Order{}(copy_row0) + Order{}(m * Traits::kGmemRowsPerPass);
+    } else {
+      return copy_row0 + m * Traits::kGmemRowsPerPass;
+    }
+  };
 
-  // Paged: the cache block of each tile row this thread copies (one per pass m of the tiled
-  // copy; a thread's 16-byte vectors of one pass share a row, so any block size that is a
-  // multiple of 16 works and a tile may span several blocks). Only the block indices stay live
-  // across the mma (registers are tight at the large head dims); the row in the block is
-  // recomputed at the copy, by a mask for the usual power-of-two block sizes. Rows past
-  // seqlen_k are not resolved: the table holds nothing for them.
-  constexpr int kCopyPasses = decltype(size<1>(tKsK))::value;
-  // Above head dim 128 the O accumulator leaves no registers to hold the indices across the
-  // mma (ptxas spilled 136 bytes at h256; 40 this way): each load resolves its own rows, and
-  // the table read's latency is small beside those tiles' mma.
+  // Paged: a thread's rows of a K/V tile lie in kPageGroups 16-row groups (FwdTraits'
+  // PagedRowOrder); each group's cache block is read one tile ahead, while the current tile's
+  // scores are computed, so the table's latency hides behind the mma. Only the block indices stay
+  // live; the row in the block is recomputed at the copy. Groups past seqlen_k are not resolved:
+  // the table holds nothing for them.
+  constexpr int kCopyPasses = Traits::kCopyPasses;
+  constexpr int kPageGroups = kCopyPasses / 2;
+  // Above head dim 128 the O accumulator leaves no registers to hold the indices across the mma
+  // (ptxas -v at 256: 32 bytes spilled): each load resolves its own rows, and the table read's
+  // latency is small beside those tiles' mma.
   constexpr bool kPrefetchPages = kHeadDim <= 128;
-  int page_block[kCopyPasses];
+  int page_block[kPageGroups];
   const int32_t* block_table =
       kPaged ? p.block_table + static_cast<int64_t>(batch) * p.block_table_batch_stride : nullptr;
-  const int block_shift = kPaged ? __ffs(p.block_size) - 1 : 0;
-  const bool block_pow2 = kPaged && p.block_size == (1 << block_shift);
+  // key / block_size without a divide and without a branch on the block size: a power of two or
+  // not, one multiply-high, an add and a shift (keys are below 2^31, so the add cannot wrap).
+  const detail::FastDiv block_div(p.block_size_mul, p.block_size_shift);
+  auto paged_row = [&](int m) { return copy_row(Int<kBlockN>{}, m); };
   auto resolve_pages = [&](int n_block) {
     if constexpr (kPaged) {
       CUTE_UNROLL
-      for (int m = 0; m < kCopyPasses; ++m) {
-        const int key = n_block * kBlockN + get<0>(tKVc(0, m, 0));
-        const int index = block_pow2 ? key >> block_shift : key / p.block_size;
-        page_block[m] = key < seqlen_k ? block_table[index] : 0;
+      for (int g = 0; g < kPageGroups; ++g) {
+        const int key = n_block * kBlockN + paged_row(2 * g);
+        page_block[g] = key < seqlen_k ? block_table[block_div(key)] : 0;
       }
     }
   };
 
-  // Copies key tile n_block of K or V into dst. full: a compile-time promise that every row of
-  // the tile is a key (any tile below the highest one visited), which drops the row tests.
-  auto load_kv = [&](const Element* base, int64_t row_stride, int64_t block_stride, auto& dst,
+  // Copies key tile n_block of K or V (base, strides) into the shared tile s. full: a
+  // compile-time promise that every row of the tile is a key (any tile below the highest one
+  // visited), which drops the row tests.
+  auto load_kv = [&](const Element* base, int64_t row_stride, int64_t block_stride, auto& s,
                      int n_block, auto full) {
     constexpr bool kFull = decltype(full)::value;
     const int valid_rows = seqlen_k - n_block * kBlockN;
     if constexpr (kPaged) {
       if constexpr (!kPrefetchPages) resolve_pages(n_block);
+      Tensor dst = gmem_thr.partition_D(order_rows(s));
+      // The thread's vectors of a row: its first column (copy_col0, folded into the pointers
+      // below) plus kBlockKSmem per step of mode 2 (checked on the host).
+      const Element* thread_base = base + copy_col0;
       CUTE_UNROLL
-      for (int m = 0; m < kCopyPasses; ++m) {
-        if (kFull || get<0>(tKVc(0, m, 0)) < valid_rows) {
-          // A tile whose rows all alias this thread's cache row (row stride 0): its partition
-          // puts each of the thread's vectors of pass m at that row plus the vector's column.
-          const int key = n_block * kBlockN + get<0>(tKVc(0, m, 0));
-          const int in_block = block_pow2 ? key & (p.block_size - 1) : key % p.block_size;
-          const Element* row = base + static_cast<int64_t>(page_block[m]) * block_stride +
-                               static_cast<int64_t>(in_block) * row_stride;
-          Tensor src =
-              gmem_thr.partition_S(make_tensor(make_gmem_ptr(row), TileKV{}, Stride<_0, _1>{}));
-          CUTE_UNROLL
-          for (int k = 0; k < size<2>(dst); ++k) copy(gmem_copy, src(_, m, k), dst(_, m, k));
-        } else {
-          clear(dst(_, m, _));
+      for (int g = 0; g < kPageGroups; ++g) {
+        // Rows r and r + 8 of the group (passes 2g and 2g + 1). Block and row are >= 0: unsigned
+        // products skip the sign extension.
+        const int key = n_block * kBlockN + paged_row(2 * g);
+        const uint32_t in_block = key - block_div(key) * p.block_size;
+        const Element* group = thread_base +
+                               static_cast<uint64_t>(static_cast<uint32_t>(page_block[g])) *
+                                   static_cast<uint64_t>(block_stride) +
+                               static_cast<uint64_t>(in_block) * static_cast<uint64_t>(row_stride);
+        CUTE_UNROLL
+        for (int h = 0; h < 2; ++h) {
+          const int m = 2 * g + h;
+          const Element* row = group + h * 8 * row_stride;
+          if (kFull || paged_row(m) < valid_rows) {
+            CUTE_UNROLL
+            for (int k = 0; k < size<2>(dst); ++k) {
+              Tensor src =
+                  make_tensor(make_gmem_ptr(row + k * Traits::kBlockKSmem), Layout<Shape<_8>>{});
+              copy(gmem_copy, src, dst(_, m, k));
+            }
+          } else {
+            clear(dst(_, m, _));
+          }
         }
       }
     } else {
       Tensor g =
           make_tensor(make_gmem_ptr(base + static_cast<int64_t>(n_block) * kBlockN * row_stride),
                       TileKV{}, make_stride(row_stride, _1{}));
-      detail::copy_rows<kFull>(gmem_copy, gmem_thr.partition_S(g), dst, tKVc, valid_rows);
+      Tensor dst = gmem_thr.partition_D(s);
+      detail::copy_rows<kFull>(
+          gmem_copy, gmem_thr.partition_S(g), dst,
+          [&](int m) { return copy_row(Int<kBlockN>{}, m); }, valid_rows);
     }
   };
 
-  detail::copy_rows(gmem_copy, tQgQ, tQsQ, tQcQ, q_rows);
+  {
+    Tensor tQsQ = gmem_thr.partition_D(order_rows(sQ));
+    detail::copy_rows(
+        gmem_copy, gmem_thr.partition_S(order_rows(gQ)), tQsQ,
+        [&](int m) { return copy_row(Int<kBlockM>{}, m); }, q_rows);
+  }
   if (n_block_max > n_block_min) {
     if constexpr (kPrefetchPages) resolve_pages(n_block_max - 1);
-    load_kv(k_base, p.k_row_stride, p.k_block_stride, tKsK, n_block_max - 1, cute::false_type{});
+    load_kv(k_base, p.k_row_stride, p.k_block_stride, sK, n_block_max - 1, cute::false_type{});
   }
   cp_async_fence();
 
@@ -405,11 +492,11 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(const FwdP
     cp_async_wait<0>();
     __syncthreads();  // K(n_block) landed, and every warp is done reading V(n_block + 1)
     // A tile that needs no mask lies below the end of the keys: full.
-    load_kv(v_base, p.v_row_stride, p.v_block_stride, tVsV, n_block,
+    load_kv(v_base, p.v_row_stride, p.v_block_stride, sV, n_block,
             cute::bool_constant<!kMayMask>{});
     cp_async_fence();
-    // The next tile's cache rows (its table reads are in flight during the mma below).
-    if (kPrefetchPages && n_block > n_block_min) resolve_pages(n_block - 1);
+    // The next tile's cache blocks (their table reads are in flight during the mma below).
+    if (kPaged && kPrefetchPages && n_block > n_block_min) resolve_pages(n_block - 1);
 
     detail::gemm_ss(acc_s, tSrQ, tSrK, tSrQ_view, tSrK_view, tSsQ, tSsK, mma, smem_copy_q,
                     smem_copy_k);
@@ -465,7 +552,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(const FwdP
     __syncthreads();  // V(n_block) landed, and every warp is done reading K(n_block)
     if (n_block > n_block_min) {
       // n_block - 1 < n_block_max - 1: a full tile (n_block * kBlockN <= seqlen_k - 1).
-      load_kv(k_base, p.k_row_stride, p.k_block_stride, tKsK, n_block - 1, cute::true_type{});
+      load_kv(k_base, p.k_row_stride, p.k_block_stride, sK, n_block - 1, cute::true_type{});
       cp_async_fence();
     }
 
@@ -521,24 +608,21 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(const FwdP
   typename Traits::GmemCopyOut gmem_copy_o;
   auto gmem_thr_o = gmem_copy_o.get_thread_slice(tid);
   Tensor gO = make_tensor(make_gmem_ptr(o_base), TileQ{}, make_stride(p.o_row_stride, _1{}));
-  Tensor tOsO = gmem_thr_o.partition_S(sO);
-  Tensor tOgO = gmem_thr_o.partition_D(gO);
-  Tensor tOcO_g = gmem_thr_o.partition_D(make_identity_tensor(TileQ{}));
+  Tensor tOsO = gmem_thr_o.partition_S(order_rows(sO));
+  Tensor tOgO = gmem_thr_o.partition_D(order_rows(gO));
   CUTE_UNROLL
   for (int m = 0; m < size<1>(tOgO); ++m) {
-    if (get<0>(tOcO_g(0, m, 0)) < q_rows) {
+    if (copy_row(Int<kBlockM>{}, m) < q_rows) {
       CUTE_UNROLL
       for (int k = 0; k < size<2>(tOgO); ++k) copy(gmem_copy_o, tOsO(_, m, k), tOgO(_, m, k));
     }
   }
 }
 
-/// Launches one instantiation; the dispatch (generated) picks it from the problem.
-template <int kHeadDim, typename Element, bool kCausal, bool kPaged>
-gpuError_t flash_fwd_launch(const FwdProblem& p, gpuStream_t stream) {
-  using Traits = FwdTraits<kHeadDim, Element, kCausal>;
-  auto kernel = p.softcap > 0.f ? &flash_fwd_kernel<Traits, kPaged, true>
-                                : &flash_fwd_kernel<Traits, kPaged, false>;
+// Starts one kernel of the instantiation (Traits fixes its query tile and so its grid).
+template <typename Traits, bool kPaged, bool kSoftcap>
+gpuError_t flash_fwd_start(const FwdProblem& p, gpuStream_t stream) {
+  auto kernel = &flash_fwd_kernel<Traits, kPaged, kSoftcap>;
   constexpr int kSmem = Traits::kSmemBytes;
   if (kSmem > 48 * 1024) {
     const gpuError_t err =
@@ -549,6 +633,26 @@ gpuError_t flash_fwd_launch(const FwdProblem& p, gpuStream_t stream) {
   if (grid.x == 0 || p.batch == 0) return gpuSuccess;
   kernel<<<grid, Traits::kNThreads, kSmem, stream>>>(p);
   return gpuGetLastError();
+}
+
+/// Launches one instantiation; the dispatch (generated) picks it from the problem. kBlockM: the
+/// query rows per CTA, 0 for default_block_m(kHeadDim) (the generator's block_m option sets it).
+template <int kHeadDim, typename Element, bool kCausal, bool kPaged, int kBlockM = 0>
+gpuError_t flash_fwd_launch(const FwdProblem& problem, gpuStream_t stream) {
+  using Traits =
+      FwdTraits<kHeadDim, Element, kCausal, kBlockM == 0 ? default_block_m(kHeadDim) : kBlockM>;
+  FwdProblem p = problem;
+  const detail::FastDiv block_div(kPaged ? p.block_size : 1);
+  p.block_size_mul = block_div.mul;
+  p.block_size_shift = block_div.shift;
+  if (p.softcap > 0.f) {
+    // The paged softcap kernel on 128-row tiles spilled (ptxas -v, head dim 64: 128 bytes; the
+    // tanh and the paged copy each take registers the dense plain kernel leaves free): 64 rows.
+    using SoftcapTraits = std::conditional_t<kPaged && Traits::kBlockM == 128,
+                                             FwdTraits<kHeadDim, Element, kCausal, 64>, Traits>;
+    return flash_fwd_start<SoftcapTraits, kPaged, true>(p, stream);
+  }
+  return flash_fwd_start<Traits, kPaged, false>(p, stream);
 }
 
 }  // namespace aphrodite::flash_attn

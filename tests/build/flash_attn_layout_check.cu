@@ -3,6 +3,7 @@
 // operand of O += P V, the lanes that share a row, and the k blocks of both operands. Built and
 // run by tests/build/test_flash_attn_gen.py where nvcc and the CUTLASS headers are present.
 #include <cstdio>
+#include <vector>
 #include "flash_attn/flash_fwd_kernel.cuh"
 using namespace cute;
 using namespace aphrodite::flash_attn;
@@ -87,10 +88,67 @@ int check_paged_gather() {
   return bad;
 }
 
+// The paged row order (FwdTraits::PagedRowOrder) on a tile of kRows rows: a permutation; linear
+// in the thread's row and the pass (the kernel adds the two); passes 2h and 2h + 1 of a thread
+// land in one 16-row group (so one cache block) at rows r and r + 8, keeping row % 8 (so one
+// swizzle); and every pass of a thread keeps row % 8.
+template <int D, int kRows>
+int check_paged_order() {
+  using T = FwdTraits<D, cute::half_t, false>;
+  using Order = typename T::template PagedRowOrder<kRows>;
+  constexpr int kPerPass = T::kGmemRowsPerPass;
+  int bad = 0;
+  std::vector<int> seen(kRows, 0);
+  for (int r = 0; r < kRows; ++r) {
+    const int o = Order{}(r);
+    if (o < 0 || o >= kRows || seen[o]++) bad++;
+  }
+  for (int a = 0; a < kPerPass; ++a) {
+    for (int m = 0; m < kRows / kPerPass; ++m) {
+      const int row = Order{}(a + m * kPerPass);
+      if (row != Order{}(a) + Order{}(m * kPerPass)) bad++;
+      if (row % 8 != Order{}(a) % 8) bad++;
+      if (m % 2 == 1 && row != Order{}(a + (m - 1) * kPerPass) + 8) bad++;
+      if (row / 16 != Order{}(a + (m - m % 2) * kPerPass) / 16) bad++;
+    }
+  }
+  // The paged copy's vectors: column of (m, k) = the thread's first column + kBlockKSmem k.
+  typename T::GmemCopyIn gmem_copy;
+  for (int t = 0; t < T::kNThreads; ++t) {
+    auto c = gmem_copy.get_thread_slice(t).partition_S(
+        make_identity_tensor(Shape<Int<T::kBlockN>, Int<D>>{}));
+    for (int m = 0; m < size<1>(c); ++m)
+      for (int k = 0; k < size<2>(c); ++k) {
+        if (get<1>(c(0, m, k)) != get<1>(c(0, 0, 0)) + T::kBlockKSmem * k) bad++;
+        if (get<0>(c(0, m, k)) != get<0>(c(0, 0, 0)) + kPerPass * m) bad++;
+        for (int i = 0; i < size<0>(c); ++i)
+          if (get<1>(c(i, m, k)) != get<1>(c(0, m, k)) + i) bad++;
+      }
+  }
+  printf("head_dim %d paged row order over %d rows: %d mismatches\n", D, kRows, bad);
+  return bad;
+}
+
+// The paged index division: n / d for the block sizes a cache can have.
+int check_fast_div() {
+  int bad = 0;
+  for (int d = 16; d <= 4096; d += 16) {
+    const aphrodite::flash_attn::detail::FastDiv div(d);
+    for (int64_t n = 0; n < (int64_t{1} << 31); n = n < 100000 ? n + 1 : n * 2 + 12345) {
+      if (div(static_cast<int>(n)) != n / d) bad++;
+    }
+    if (div(0x7fffffff) != 0x7fffffff / d) bad++;
+  }
+  printf("fast division: %d mismatches\n", bad);
+  return bad;
+}
+
 int main() {
-  const int bad = check<64, 64>() + check<64, 128>() + check<96, 64>() + check<128, 64>() +
-                  check<128, 128>() + check<192, 64>() + check<256, 64>() +
-                  check_paged_gather<64>() + check_paged_gather<96>() + check_paged_gather<128>() +
-                  check_paged_gather<256>();
+  const int bad =
+      check<64, 64>() + check<64, 128>() + check<96, 64>() + check<128, 64>() + check<128, 128>() +
+      check<192, 64>() + check<256, 64>() + check_paged_gather<64>() + check_paged_gather<96>() +
+      check_paged_gather<128>() + check_paged_gather<256>() + check_paged_order<64, 64>() +
+      check_paged_order<64, 128>() + check_paged_order<96, 64>() + check_paged_order<128, 64>() +
+      check_paged_order<128, 128>() + check_paged_order<256, 64>() + check_fast_div();
   return bad != 0;
 }

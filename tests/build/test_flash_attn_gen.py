@@ -77,6 +77,19 @@ def test_paged_option_drops_or_keeps_only_the_paged_variant(tmp_path):
     assert proc.returncode != 0 and "off,on" in proc.stderr
 
 
+def test_block_m_option_sets_the_query_tile_of_the_named_head_dims(tmp_path):
+    out = tmp_path / "o"
+    run(out, "head_dims=64,128", "dtypes=bf16", "causal=off", "block_m=128:128")
+    text = (out / "flash_fwd_h128_bf16_full.cu").read_text()
+    assert "flash_fwd_launch<128, cute::bfloat16_t, false, false, 128>" in text
+    text = (out / "flash_fwd_h64_bf16_full_paged.cu").read_text()
+    assert "flash_fwd_launch<64, cute::bfloat16_t, false, true>" in text
+    dispatch = (out / "flash_fwd_dispatch.cu").read_text()
+    assert "flash_fwd_launch<128, cute::bfloat16_t, false, true, 128>(p, stream)" in dispatch
+    proc = run(tmp_path / "q", "block_m=128:96", check=False)
+    assert proc.returncode != 0 and "head_dim:rows" in proc.stderr
+
+
 def test_bad_options_fail_with_what_is_allowed(tmp_path):
     proc = run(tmp_path / "o", "head_dims=80", check=False)
     assert proc.returncode != 0 and "64,96,128,192,256" in proc.stderr
@@ -118,4 +131,4 @@ def test_kernel_register_layouts_on_the_host(tmp_path):
     )
     proc = subprocess.run([str(exe)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout
-    assert proc.stdout.count(": 0 mismatches") == 11, proc.stdout
+    assert proc.stdout.count(": 0 mismatches") == 18, proc.stdout
