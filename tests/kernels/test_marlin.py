@@ -228,18 +228,24 @@ def rel_error(out, ref):
 
 
 def run_gemm(a, layer, weight_type, bias=None, workspace=None):
+    """The op on a layer; skips a combination that a narrowed build left out."""
     ws = marlin.make_workspace(a.device) if workspace is None else workspace
-    return marlin.gptq_marlin_gemm(
-        a,
-        layer["b_q_weight"],
-        layer["b_scales"],
-        ws,
-        weight_type,
-        b_zeros=layer["b_zeros"],
-        g_idx=layer["g_idx"],
-        perm=layer["perm"],
-        bias=bias,
-    )
+    try:
+        return marlin.gptq_marlin_gemm(
+            a,
+            layer["b_q_weight"],
+            layer["b_scales"],
+            ws,
+            weight_type,
+            b_zeros=layer["b_zeros"],
+            g_idx=layer["g_idx"],
+            perm=layer["perm"],
+            bias=bias,
+        )
+    except RuntimeError as e:
+        if "was left out of this build" in str(e):  # a build narrowed by the generator options
+            pytest.skip(str(e).splitlines()[0])
+        raise
 
 
 def check_gemm(m, k, n, dtype, weight_type, group_size, act_order, device, bias=False):
