@@ -228,7 +228,7 @@ def rel_error(out, ref):
 
 
 def run_gemm(a, layer, weight_type, bias=None, workspace=None):
-    """The op on a layer; skips a combination that a narrowed build left out."""
+    """The op on a layer; skips what a narrowed build left out."""
     ws = marlin.make_workspace(a.device) if workspace is None else workspace
     try:
         return marlin.gptq_marlin_gemm(
@@ -243,7 +243,9 @@ def run_gemm(a, layer, weight_type, bias=None, workspace=None):
             bias=bias,
         )
     except RuntimeError as e:
-        if "was left out of this build" in str(e):  # a build narrowed by the generator options
+        # A build narrowed by the generator options: a combination, or a block shape that
+        # APHRODITE_MARLIN_CONFIG forces, that it left out.
+        if "was left out of this build" in str(e) or "this build does not hold" in str(e):
             pytest.skip(str(e).splitlines()[0])
         raise
 
@@ -337,27 +339,29 @@ BLOCK_SHAPES = [  # codegen/marlin.py SHAPES
 ]
 
 
+def check_forced(device, monkeypatch, config, n, m):
+    """The op under APHRODITE_MARLIN_CONFIG=config at K = 1104 (17.25 slices of 64: a k tail),
+    group size 48 with zero points: exact, and the split-K counters left at zero."""
+    require_cuda(device)
+    layer = make_layer(1104, n, torch.float16, "uint4", 48, False, device)
+    a = torch.randn(m, 1104, dtype=torch.float16, device=device)
+    ws = marlin.make_workspace(device)
+    monkeypatch.setenv("APHRODITE_MARLIN_CONFIG", config)
+    out = run_gemm(a, layer, "uint4", workspace=ws)
+    assert torch.isfinite(out).all()
+    assert rel_error(out, marlin.gemm_ref(a, layer["w_ref"])) < TOL[torch.float16]
+    assert torch.count_nonzero(ws) == 0, "split-K counters must be left at zero"
+    return out, lambda: run_gemm(a, layer, "uint4", workspace=ws)
+
+
 @pytest.mark.parametrize("shape", BLOCK_SHAPES)
 @pytest.mark.parametrize("splits", [None, 1, 2, 5, 64])
 @pytest.mark.parametrize("m", [1, 33, 130])
 def test_gemm_forced_config(device, monkeypatch, shape, splits, m):
     # Every configuration the tuning override (and so the dispatch) can pick must be exact,
-    # including splits that leave some k slices empty or exceed the slices (clamped).
-    require_cuda(device)
-    k, n = 1104, 704  # 17.25 slices of 64: a k tail in the last split
-    layer = make_layer(k, n, torch.float16, "uint4", 48, False, device)
-    a = torch.randn(m, k, dtype=torch.float16, device=device)
-    ws = marlin.make_workspace(device)
-    monkeypatch.setenv("APHRODITE_MARLIN_CONFIG", shape + ("" if splits is None else f":{splits}"))
-    try:
-        out = run_gemm(a, layer, "uint4", workspace=ws)
-    except RuntimeError as e:
-        if "does not hold" in str(e):
-            pytest.skip(f"{shape} is not in this build")
-        raise
-    assert torch.isfinite(out).all()
-    assert rel_error(out, marlin.gemm_ref(a, layer["w_ref"])) < TOL[torch.float16]
-    assert torch.count_nonzero(ws) == 0, "split-K counters must be left at zero"
+    # including splits that leave some k slices empty or exceed the slices (clamped); the k
+    # tail lands in the last split.
+    check_forced(device, monkeypatch, shape + ("" if splits is None else f":{splits}"), 704, m)
 
 
 STREAM_K_SHAPES = ["m16n256", "m32n256", "m64n256", "m64n256k2", "m128n256"]
@@ -372,24 +376,9 @@ def test_gemm_stream_k(device, monkeypatch, shape, blocks, m):
     # in each tile's last slice) over 1, 3, 7 or 40 blocks split tiles at uneven points, over as
     # many blocks as fit (None) or more than there are units (clamped). Exact, deterministic,
     # and the counters left at zero.
-    require_cuda(device)
-    k, n = 1104, 2816  # 17.25 slices of 64; 11 tiles of 256 columns
-    layer = make_layer(k, n, torch.float16, "uint4", 48, False, device)
-    a = torch.randn(m, k, dtype=torch.float16, device=device)
-    ws = marlin.make_workspace(device)
-    monkeypatch.setenv(
-        "APHRODITE_MARLIN_CONFIG", shape + ":sk" + ("" if blocks is None else str(blocks))
-    )
-    try:
-        out = run_gemm(a, layer, "uint4", workspace=ws)
-    except RuntimeError as e:
-        if "does not hold" in str(e):
-            pytest.skip(f"{shape} is not in this build")
-        raise
-    assert torch.isfinite(out).all()
-    assert rel_error(out, marlin.gemm_ref(a, layer["w_ref"])) < TOL[torch.float16]
-    assert torch.count_nonzero(ws) == 0, "split-K counters must be left at zero"
-    assert torch.equal(out, run_gemm(a, layer, "uint4", workspace=ws)), "not deterministic"
+    config = shape + ":sk" + ("" if blocks is None else str(blocks))
+    out, again = check_forced(device, monkeypatch, config, 2816, m)  # 11 tiles of 256 columns
+    assert torch.equal(out, again()), "not deterministic"
 
 
 @pytest.mark.parametrize("dtype", list(TOL))
@@ -408,12 +397,7 @@ def test_gemm_stream_k_groups(device, monkeypatch, dtype, weight_type, group_siz
     for m, shape in ((5, "m16n256"), (61, "m64n256")):
         a = torch.randn(m, k, dtype=dtype, device=device)
         monkeypatch.setenv("APHRODITE_MARLIN_CONFIG", shape + ":sk")
-        try:
-            out = run_gemm(a, layer, weight_type, workspace=ws)
-        except RuntimeError as e:
-            if "does not hold" in str(e):
-                continue
-            raise
+        out = run_gemm(a, layer, weight_type, workspace=ws)  # skips a shape the build left out
         assert rel_error(out, marlin.gemm_ref(a, layer["w_ref"])) < TOL[dtype], shape
         assert torch.count_nonzero(ws) == 0, "split-K counters must be left at zero"
 
