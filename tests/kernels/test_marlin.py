@@ -526,13 +526,20 @@ def run_generator(tmp_path, *options):
 def test_codegen_grid_and_narrowing(tmp_path):
     proc, loads = run_generator(tmp_path)
     outputs = loads(proc.stdout)["outputs"]
-    # 2 dtypes x 2 weight types x 2 group modes x 6 block shapes, plus the dispatch table.
-    assert len(outputs) == 2 * 2 * 2 * 6 + 1 and "marlin_dispatch.cu" in outputs
+    # 2 dtypes x 2 weight types x 2 group modes x 4 default block shapes, plus the dispatch.
+    assert len(outputs) == 2 * 2 * 2 * 4 + 1 and "marlin_dispatch.cu" in outputs
     assert "marlin_bf16_uint4_grouped_m16n256.cu" in outputs
+    assert not any("k2" in o for o in outputs), "the k-split shapes are built when named"
     proc, loads = run_generator(tmp_path, "dtypes=bf16", "groups=grouped")
     narrowed = loads(proc.stdout)["outputs"]
-    assert len(narrowed) == 2 * 6 + 1
+    assert len(narrowed) == 2 * 4 + 1
     assert all("_f16_" not in o and "_channel_" not in o for o in narrowed)
+    proc, loads = run_generator(tmp_path, "dtypes=bf16", "groups=grouped", "shapes=m64n256k2")
+    assert loads(proc.stdout)["outputs"] == [
+        "marlin_bf16_uint4_grouped_m64n256k2.cu",
+        "marlin_bf16_uint4b8_grouped_m64n256k2.cu",
+        "marlin_dispatch.cu",
+    ]
 
 
 def test_codegen_rejects_bad_options(tmp_path):
