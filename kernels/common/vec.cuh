@@ -3,6 +3,8 @@
 // code, torch-free; include after common/gpu.h.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <type_traits>
 
 #include "common/gpu.h"
@@ -29,6 +31,19 @@ __device__ __forceinline__ T from_float(float v) {
   } else {
     static_assert(std::is_same_v<T, __nv_bfloat16>, "unsupported element type");
     return __float2bfloat16_rn(v);
+  }
+}
+
+/// Hides v's value from the optimiser (an empty asm that may "change" each of its 32-bit words),
+/// so that copies made of it before this point (e.g. fp32 conversions for a reduction) are not
+/// kept alive after it, and what follows recomputes from v itself. Types whose size is not a
+/// multiple of 4 bytes are left as they are.
+template <typename V>
+__device__ __forceinline__ void launder(V& v) {
+  if constexpr (sizeof(V) % 4 == 0) {
+    uint32_t* words = reinterpret_cast<uint32_t*>(&v);
+#pragma unroll
+    for (size_t i = 0; i < sizeof(V) / 4; ++i) asm volatile("" : "+r"(words[i]));
   }
 }
 
