@@ -19,7 +19,9 @@
 
 #include <atomic>
 #include <cstdint>
+#include <type_traits>
 
+#include "common/fast_div.h"
 #include "common/fp8.h"
 #include "common/gpu.h"
 #include "common/vec.cuh"
@@ -50,17 +52,6 @@ constexpr int64_t kMaxPartials = 1024;
 /// Grid limit of the per-token kernels; they loop over rows beyond it.
 constexpr int64_t kMaxGridX = int64_t{1} << 20;
 
-/// Hides v's value from the optimiser, so that the fp32 copies made for the max are not kept
-/// alive until the quantization (the packed elements take half the registers or fewer).
-template <typename V>
-__device__ __forceinline__ void launder(V& v) {
-  if constexpr (sizeof(V) % 4 == 0) {
-    uint32_t* words = reinterpret_cast<uint32_t*>(&v);
-#pragma unroll
-    for (size_t i = 0; i < sizeof(V) / 4; ++i) asm volatile("" : "+r"(words[i]));
-  }
-}
-
 template <typename T, int N>
 __device__ __forceinline__ float absmax(const Vec<T, N>& v) {
   float m = 0.0f;
@@ -69,23 +60,34 @@ __device__ __forceinline__ float absmax(const Vec<T, N>& v) {
   return m;
 }
 
-/// x / s for many x and one s: q = x * r with r = 1 / s, then one correction step on the
+/// x / s for many x and one s: q = x * r with r ~ 1 / s, then one correction step on the
 /// remainder x - q * s (exact, by fma). That gives the correctly rounded fp32 quotient but in
 /// rare cases (a last-bit difference, far below the E4M3 step), at two FMAs and a multiply a
-/// value instead of the division's slow path. Scales whose reciprocal is 0, infinite or NaN
-/// (and quotients that overflow) divide as written.
+/// value. Nothing here branches on the scale's value (the reciprocal is the hardware's estimate
+/// refined by one Newton step), so that the loads of the elements, issued before, are not held
+/// back until the scale arrives. Scales whose reciprocal is 0, infinite or NaN divide as
+/// written (`plain`, uniform over the launch; callers branch on it once per vector); a quotient
+/// keeps the sign of x * r (a zero's sign, which the correction would lose), and one that
+/// overflows or is NaN stays as x * r (the conversion saturates it or keeps the NaN).
 struct Divisor {
   float s;
   float r;
   bool plain;
-  __device__ explicit Divisor(float scale)
-      : s(scale), r(1.0f / scale), plain(!(fabsf(r) <= 3.0e38f && r != 0.0f)) {}
+  __device__ explicit Divisor(float scale) : s(scale) {
+    float r0;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r0) : "f"(scale));
+    r = fmaf(fmaf(-scale, r0, 1.0f), r0, r0);
+    plain = !(fabsf(r) <= 3.0e38f && fabsf(r) >= 1.0e-37f);
+  }
+  template <bool kPlain>
   __device__ __forceinline__ float divide(float x) const {
-    if (plain) return x / s;  // uniform over the launch
+    if constexpr (kPlain) return x / s;
     const float q = x * r;
-    if (!(fabsf(q) <= 3.0e38f)) return x / s;  // overflow (or NaN): the slow path's answer
-    // A zero quotient keeps its sign (the correction would turn -0 into +0).
-    return q == 0.0f ? q : fmaf(fmaf(-q, s, x), r, q);
+    const float c = copysignf(fmaf(fmaf(-q, s, x), r, q), q);
+    return fabsf(q) <= 3.0e38f ? c : q;
+  }
+  __device__ __forceinline__ float divide(float x) const {
+    return plain ? divide<true>(x) : divide<false>(x);
   }
 };
 
@@ -102,13 +104,21 @@ __device__ __forceinline__ void store_quantized(uint8_t* dst, const Vec<T, N>& v
     *dst = quantize(to_float(v.v[0]), scale);
   } else {
     // Pairs of elements convert together (fp8::from_float2), two pairs make a word.
-    auto pair = [&](int e) {
-      return static_cast<uint32_t>(
-          fp8::from_float2(scale.divide(to_float(v.v[e])), scale.divide(to_float(v.v[e + 1]))));
-    };
     uint32_t w[N / 4];
+    auto convert = [&](auto plain) {
+      constexpr bool kPlain = decltype(plain)::value;
+      auto pair = [&](int e) {
+        return static_cast<uint32_t>(fp8::from_float2(scale.divide<kPlain>(to_float(v.v[e])),
+                                                      scale.divide<kPlain>(to_float(v.v[e + 1]))));
+      };
 #pragma unroll
-    for (int i = 0; i < N / 4; ++i) w[i] = pair(4 * i) | (pair(4 * i + 2) << 16);
+      for (int i = 0; i < N / 4; ++i) w[i] = pair(4 * i) | (pair(4 * i + 2) << 16);
+    };
+    if (scale.plain) {
+      convert(std::true_type{});
+    } else {
+      convert(std::false_type{});
+    }
     if constexpr (N == 4) {
       *reinterpret_cast<uint32_t*>(dst) = w[0];
     } else {
@@ -133,12 +143,12 @@ template <int kBlock>
 __device__ __forceinline__ float block_max(float v, float* smem) {
   constexpr int kWarps = kBlock / APHRODITE_WARP_SIZE;
   v = warp_max(v);
-  if (threadIdx.x % APHRODITE_WARP_SIZE == 0) smem[threadIdx.x / APHRODITE_WARP_SIZE] = v;
+  if constexpr (kWarps == 1) return v;
+  const int lane = static_cast<int>(threadIdx.x % APHRODITE_WARP_SIZE);
+  if (lane == 0) smem[threadIdx.x / APHRODITE_WARP_SIZE] = v;
   __syncthreads();
-  float m = smem[0];
-#pragma unroll
-  for (int i = 1; i < kWarps; ++i) m = fmaxf(m, smem[i]);
-  return m;
+  // Every warp reduces the warps' maxima at once: one shared load and a warp reduction.
+  return warp_max(lane < kWarps ? smem[lane] : 0.0f);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -160,35 +170,56 @@ struct Tiles {
   int num_partials;
   uint32_t tiles_per_row;  ///< >= 1
   uint32_t num_tiles;      ///< rows * tiles_per_row, < 2^31
+  FastDiv row_of;          ///< tile / tiles_per_row
 };
 
-/// Calls vec(row, c, v) for this thread's vectors v (index c in the row) of the tiles first,
-/// first + step, ... of a (tiles of kBlock * kU vectors), and tail(row, e, x) for its tail
-/// elements; all kU loads of a tile are issued before any call.
+/// This thread's kU vectors of one tile (of kBlock * kU vectors), loaded.
+template <typename T, int kVec, int kU>
+struct TileLoad {
+  Vec<T, kVec> v[kU];
+  uint32_t row;
+  uint32_t t;  ///< the tile's index in its row
+  int64_t c0;  ///< the first vector's index in the row
+};
+
+/// Issues this thread's kU loads of `tile`.
+template <typename T, int kVec, int kBlock, int kU>
+__device__ __forceinline__ TileLoad<T, kVec, kU> load_tile(const Tiles<T>& a, uint32_t tile) {
+  using V = Vec<T, kVec>;
+  TileLoad<T, kVec, kU> l;
+  l.row = a.row_of.div(tile);
+  l.t = tile - l.row * a.tiles_per_row;
+  const V* xv = reinterpret_cast<const V*>(a.in + static_cast<int64_t>(l.row) * a.in_stride);
+  l.c0 = static_cast<int64_t>(l.t) * (kBlock * kU) + threadIdx.x;
+#pragma unroll
+  for (int u = 0; u < kU; ++u) {
+    if (l.c0 + u * kBlock < a.vecs_per_row) l.v[u] = xv[l.c0 + u * kBlock];
+  }
+  return l;
+}
+
+/// Calls vec(row, c, v) for the vectors v (index c in the row) of a loaded tile, and
+/// tail(row, e, x) for this thread's tail element if the tile ends its row.
+template <typename T, int kVec, int kBlock, int kU, typename VecFn, typename TailFn>
+__device__ __forceinline__ void use_tile(const Tiles<T>& a, const TileLoad<T, kVec, kU>& l,
+                                         VecFn&& vec, TailFn&& tail) {
+#pragma unroll
+  for (int u = 0; u < kU; ++u) {
+    const int64_t c = l.c0 + u * kBlock;
+    if (c < a.vecs_per_row) vec(l.row, c, l.v[u]);
+  }
+  if (l.t == a.tiles_per_row - 1 && static_cast<int>(threadIdx.x) < a.tail) {
+    const int64_t e = a.vecs_per_row * kVec + threadIdx.x;
+    tail(l.row, e, to_float(a.in[static_cast<int64_t>(l.row) * a.in_stride + e]));
+  }
+}
+
+/// load_tile and use_tile over the tiles first, first + step, ... of a.
 template <typename T, int kVec, int kBlock, int kU, typename VecFn, typename TailFn>
 __device__ __forceinline__ void for_each_tile(const Tiles<T>& a, uint32_t first, uint32_t step,
                                               VecFn&& vec, TailFn&& tail) {
-  using V = Vec<T, kVec>;
   for (uint32_t tile = first; tile < a.num_tiles; tile += step) {
-    const uint32_t row = tile / a.tiles_per_row;
-    const uint32_t t = tile - row * a.tiles_per_row;
-    const T* x = a.in + static_cast<int64_t>(row) * a.in_stride;
-    const V* xv = reinterpret_cast<const V*>(x);
-    const int64_t c0 = static_cast<int64_t>(t) * (kBlock * kU) + threadIdx.x;
-    V v[kU];
-#pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      if (c0 + u * kBlock < a.vecs_per_row) v[u] = xv[c0 + u * kBlock];
-    }
-#pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      const int64_t c = c0 + u * kBlock;
-      if (c < a.vecs_per_row) vec(row, c, v[u]);
-    }
-    if (t == a.tiles_per_row - 1 && static_cast<int>(threadIdx.x) < a.tail) {
-      const int64_t e = a.vecs_per_row * kVec + threadIdx.x;
-      tail(row, e, to_float(x[e]));
-    }
+    use_tile<T, kVec, kBlock, kU>(a, load_tile<T, kVec, kBlock, kU>(a, tile), vec, tail);
   }
 }
 
@@ -202,27 +233,39 @@ __device__ __forceinline__ float tiles_absmax(const Tiles<T>& a, uint32_t first,
   return m;
 }
 
-/// out = e4m3(in / scale) over the tiles first, first + step, ... of a. `scale` is a Divisor, or
-/// a float whose Divisor is made where it is first used: after the tile's loads, so that a
-/// scale still on its way from memory waits beside them, not before them.
-template <typename T, int kVec, int kBlock, int kU = kUnroll, typename Scale>
-__device__ __forceinline__ void tiles_quantize(const Tiles<T>& a, Scale scale, uint32_t first,
-                                               uint32_t step) {
-  auto out_row = [&](uint32_t row) { return a.out + static_cast<int64_t>(row) * a.out_stride; };
-  for_each_tile<T, kVec, kBlock, kU>(
-      a, first, step,
-      [&](uint32_t row, int64_t c, const Vec<T, kVec>& v) {
-        store_quantized(out_row(row) + c * kVec, v, Divisor(scale));
-      },
-      [&](uint32_t row, int64_t e, float x) { out_row(row)[e] = quantize(x, Divisor(scale)); });
+/// The quantizing vec and tail callbacks of use_tile: out = e4m3(in / scale).
+template <typename T, int kVec>
+struct QuantizeFns {
+  const Tiles<T>& a;
+  const Divisor& div;
+  __device__ uint8_t* out_row(uint32_t row) const {
+    return a.out + static_cast<int64_t>(row) * a.out_stride;
+  }
+  __device__ void operator()(uint32_t row, int64_t c, const Vec<T, kVec>& v) const {
+    store_quantized(out_row(row) + c * kVec, v, div);
+  }
+  __device__ void operator()(uint32_t row, int64_t e, float x) const {
+    out_row(row)[e] = quantize(x, div);
+  }
+};
+
+/// out = e4m3(in / scale) over the tiles first, first + step, ... of a.
+template <typename T, int kVec, int kBlock, int kU = kUnroll>
+__device__ __forceinline__ void tiles_quantize(const Tiles<T>& a, const Divisor& div,
+                                               uint32_t first, uint32_t step) {
+  const QuantizeFns<T, kVec> fns{a, div};
+  for_each_tile<T, kVec, kBlock, kU>(a, first, step, fns, fns);
 }
 
+/// One tile a block (the launch's grid is a.num_tiles): the tile's loads are issued before the
+/// scale is read, so that neither waits for the other. The given scale is used as it is: a zero
+/// scale gives +-448 (and NaN for 0 / 0), as the reference's division does.
 template <typename T, int kVec, int kU, int kBlock = kThreads>
 __global__ void __launch_bounds__(kBlock) static_quant_kernel(const Tiles<T> a) {
-  // The given scale is used as it is: a zero scale gives +-448 (and NaN for 0 / 0), as the
-  // reference's division does.
-  const float scale = *a.scale;
-  tiles_quantize<T, kVec, kBlock, kU>(a, scale, blockIdx.x, gridDim.x);
+  const auto l = load_tile<T, kVec, kBlock, kU>(a, blockIdx.x);
+  const Divisor div(*a.scale);
+  const QuantizeFns<T, kVec> fns{a, div};
+  use_tile<T, kVec, kBlock, kU>(a, l, fns, fns);
 }
 
 /// The per-tensor scale of a max: max / 448; 0 for an all-zero input.
@@ -287,27 +330,37 @@ __device__ __forceinline__ float row_max(float v, float* smem) {
   v = warp_max(v);
   if (blockDim.x == APHRODITE_WARP_SIZE) return v;
   const int warps = static_cast<int>(blockDim.x) / APHRODITE_WARP_SIZE;
+  const int lane = static_cast<int>(threadIdx.x % APHRODITE_WARP_SIZE);
   float* row_smem = smem + threadIdx.y * warps;
-  if (threadIdx.x % APHRODITE_WARP_SIZE == 0) row_smem[threadIdx.x / APHRODITE_WARP_SIZE] = v;
+  if (lane == 0) row_smem[threadIdx.x / APHRODITE_WARP_SIZE] = v;
   __syncthreads();
-  float m = row_smem[0];
-  for (int i = 1; i < warps; ++i) m = fmaxf(m, row_smem[i]);
+  // Every warp of the row reduces the row's warp maxima at once.
+  const float m = warp_max(lane < warps ? row_smem[lane] : 0.0f);
   __syncthreads();  // smem is reused by the next row
   return m;
 }
 
-/// vLLM's per-token scale: max(min(max|x|, ub) / 448, 1 / (448 * 512)).
-__device__ __forceinline__ float token_scale(float amax, const float* scale_ub) {
-  if (scale_ub != nullptr) amax = fminf(amax, *scale_ub);
-  return fmaxf(amax / kFp8Max, kMinPerTokenScale);
+/// vLLM's per-token scale: max(min(max|x|, ub) / 448, 1 / (448 * 512)); ub is +inf where the
+/// caller gave no bound.
+__device__ __forceinline__ float token_scale(float amax, float ub) {
+  return fmaxf(fminf(amax, ub) / kFp8Max, kMinPerTokenScale);
+}
+
+/// The upper bound of the per-token maxima, read before the rows (it is needed only after their
+/// reduction): +inf without one.
+__device__ __forceinline__ float load_scale_ub(const float* scale_ub) {
+  return scale_ub != nullptr ? *scale_ub : __int_as_float(0x7f800000);
 }
 
 /// Rows in registers: thread x of a row holds its vectors x, x + blockDim.x, ... (kCache of
 /// them, which cover the row) and, for x < tail, one tail element; blockDim.y rows per block.
-template <typename T, int kVec, int kCache>
+/// kPerTensor: the dynamic per-tensor quantization of an input that is one row (one block): the
+/// scale is max / 448 and an all-zero row divides by 1, as in the tiled kernels.
+template <typename T, int kVec, int kCache, bool kPerTensor = false>
 __global__ void __launch_bounds__(kMaxRowThreads) per_token_cached_kernel(const Rows<T> a) {
   using V = Vec<T, kVec>;
   __shared__ float smem[kMaxRowThreads / APHRODITE_WARP_SIZE];
+  const float ub = kPerTensor ? 0.0f : load_scale_ub(a.scale_ub);
   const int tx = static_cast<int>(blockDim.x);
   const int first = static_cast<int>(threadIdx.x);
   const int64_t row_step = static_cast<int64_t>(gridDim.x) * blockDim.y;
@@ -332,8 +385,9 @@ __global__ void __launch_bounds__(kMaxRowThreads) per_token_cached_kernel(const 
     for (int i = 0; i < kCache; ++i) {
       if (valid && first + i * tx < a.vecs_per_row) m = fmaxf(m, absmax(v[i]));
     }
-    const float scale = token_scale(row_max(m, smem), a.scale_ub);
-    const Divisor div(scale);
+    const float amax = row_max(m, smem);
+    const float scale = kPerTensor ? tensor_scale(amax) : token_scale(amax, ub);
+    const Divisor div(kPerTensor ? safe_divisor(scale) : scale);
     if (valid) {
       if (first == 0) a.scale[row] = scale;
       uint8_t* o = a.out + row * a.out_stride;
@@ -358,6 +412,7 @@ __global__ void __launch_bounds__(kMaxRowThreads) per_token_streaming_kernel(con
   __shared__ float smem[kMaxRowThreads / APHRODITE_WARP_SIZE];
   const int tx = static_cast<int>(blockDim.x);
   const int first = static_cast<int>(threadIdx.x);
+  const float ub = load_scale_ub(a.scale_ub);
   for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {
     const T* x = a.in + row * a.in_stride;
     uint8_t* o = a.out + row * a.out_stride;
@@ -376,7 +431,7 @@ __global__ void __launch_bounds__(kMaxRowThreads) per_token_streaming_kernel(con
         if (c0 + i * tx < a.vecs_per_row) m = fmaxf(m, absmax(v[i]));
       }
     }
-    const float scale = token_scale(row_max(m, smem), a.scale_ub);
+    const float scale = token_scale(row_max(m, smem), ub);
     const Divisor div(scale);
     if (first == 0) a.scale[row] = scale;
 #pragma unroll 1
@@ -468,6 +523,7 @@ bool make_tiles(const QuantProblem& p, Tiles<T>& a) {
   if (num_tiles > INT32_MAX) return false;
   a.tiles_per_row = static_cast<uint32_t>(tiles_per_row);
   a.num_tiles = static_cast<uint32_t>(num_tiles);
+  a.row_of = FastDiv(a.tiles_per_row);
   return true;
 }
 
@@ -509,11 +565,101 @@ gpuError_t launch_static_vec(const QuantProblem& p, gpuStream_t stream) {
   return gpuGetLastError();
 }
 
-/// Whether the dynamic per-tensor quantization of p runs as the single-block kernel.
+template <typename T, int kVec, int kCache, bool kPerTensor = false>
+gpuError_t launch_per_token_kernel(const Rows<T>& a, int64_t tx, int64_t ty, gpuStream_t stream) {
+  int64_t blocks = ceil_div(a.rows, ty);
+  if (blocks > kMaxGridX) blocks = kMaxGridX;
+  const dim3 grid(static_cast<unsigned>(blocks));
+  const dim3 block(static_cast<unsigned>(tx), static_cast<unsigned>(ty));
+  if constexpr (kCache == 0) {
+    per_token_streaming_kernel<T, kVec><<<grid, block, 0, stream>>>(a);
+  } else {
+    per_token_cached_kernel<T, kVec, kCache, kPerTensor><<<grid, block, 0, stream>>>(a);
+  }
+  return gpuGetLastError();
+}
+
+/// The per-token kernels' block for rows of num_vecs vectors: `cache` vectors a thread kept in
+/// registers (0: the streaming kernel), tx threads a row (a multiple of the warp size; the
+/// tail's < kVec threads always fit), ty rows a block.
+struct RowShape {
+  int cache = 0;
+  int64_t tx = kMaxRowThreads;
+  int64_t ty = 1;
+};
+
+RowShape row_shape(int64_t num_vecs, int64_t row_threads) {
+  constexpr int64_t kWarp = APHRODITE_WARP_SIZE;
+  RowShape r;
+  for (int c : kCacheSteps) {
+    if (num_vecs <= row_threads * c) {
+      r.cache = c;
+      break;
+    }
+  }
+  if (r.cache == 0 && num_vecs <= int64_t{kMaxRowThreads} * kMaxCache) r.cache = kMaxCache;
+  if (r.cache > 0) {
+    r.tx = ceil_div(ceil_div(num_vecs, r.cache), kWarp) * kWarp;
+    if (r.tx < kWarp) r.tx = kWarp;
+    r.ty = r.tx < kRowBlockThreads ? kRowBlockThreads / r.tx : 1;
+  }
+  return r;
+}
+
+template <typename T, int kVec, bool kPerTensor = false>
+gpuError_t launch_rows(const Rows<T>& a, const RowShape& r, gpuStream_t stream) {
+  switch (r.cache) {
+    case 1: return launch_per_token_kernel<T, kVec, 1, kPerTensor>(a, r.tx, r.ty, stream);
+    case 2: return launch_per_token_kernel<T, kVec, 2, kPerTensor>(a, r.tx, r.ty, stream);
+    case 4: return launch_per_token_kernel<T, kVec, 4, kPerTensor>(a, r.tx, r.ty, stream);
+    case 8: return launch_per_token_kernel<T, kVec, 8, kPerTensor>(a, r.tx, r.ty, stream);
+    default:
+      if constexpr (kPerTensor) return gpuErrorInvalidValue;  // one cached row only
+      return launch_per_token_kernel<T, kVec, 0>(a, r.tx, r.ty, stream);
+  }
+}
+
+template <typename T, int kVec>
+Rows<T> make_rows(const QuantProblem& p) {
+  Rows<T> a;
+  a.out = p.out;
+  a.in = static_cast<const T*>(p.input);
+  a.scale = p.scale;
+  a.scale_ub = p.scale_ub;
+  a.rows = p.num_tokens;
+  a.out_stride = p.out_row_stride;
+  a.in_stride = p.input_row_stride;
+  a.vecs_per_row = static_cast<int>(p.hidden / kVec);
+  a.tail = static_cast<int>(p.hidden % kVec);
+  return a;
+}
+
+/// Picks the block shape and register cache for rows of a.vecs_per_row vectors and launches.
+template <typename T, int kVec>
+gpuError_t launch_per_token_vec(const QuantProblem& p, gpuStream_t stream) {
+  const Rows<T> a = make_rows<T, kVec>(p);
+  // Fewer rows than SMs (decode sizes): up to kMaxRowThreads threads a row, so that each thread
+  // converts fewer elements.
+  const int64_t row_threads = p.num_tokens < sm_count() ? kMaxRowThreads : kRowBlockThreads;
+  return launch_rows<T, kVec>(a, row_shape(a.vecs_per_row, row_threads), stream);
+}
+
+/// Whether p, as one row (gapless rows merged), fits one block of the register-cached row
+/// kernel: dynamic per-tensor quantization then takes one launch and one read of the input.
+template <typename T, int kVec>
+bool dynamic_one_row(const QuantProblem& p) {
+  const bool merged =
+      p.num_tokens <= 1 || (p.input_row_stride == p.hidden && p.out_row_stride == p.hidden);
+  return merged && p.num_tokens * p.hidden > 0 &&
+         p.num_tokens * p.hidden / kVec <= int64_t{kMaxRowThreads} * kMaxCache;
+}
+
+/// Whether the dynamic per-tensor quantization of p runs as one kernel (one block).
 template <typename T, int kVec>
 bool dynamic_single_kernel(const QuantProblem& p) {
   Tiles<T> small;
-  return make_tiles<T, kVec, kSmallThreads>(p, small) && small.num_tiles <= kSmallTiles;
+  return dynamic_one_row<T, kVec>(p) ||
+         (make_tiles<T, kVec, kSmallThreads>(p, small) && small.num_tiles <= kSmallTiles);
 }
 
 template <typename T>
@@ -526,6 +672,15 @@ int64_t dynamic_workspace(const QuantProblem& p) {
 
 template <typename T, int kVec>
 gpuError_t launch_dynamic_vec(const QuantProblem& p, gpuStream_t stream) {
+  if (dynamic_one_row<T, kVec>(p)) {
+    QuantProblem row = p;
+    row.hidden = p.num_tokens * p.hidden;
+    row.num_tokens = 1;
+    row.input_row_stride = row.out_row_stride = row.hidden;
+    Rows<T> a = make_rows<T, kVec>(row);
+    a.scale_ub = nullptr;
+    return launch_rows<T, kVec, true>(a, row_shape(a.vecs_per_row, kMaxRowThreads), stream);
+  }
   Tiles<T> small;
   if (!make_tiles<T, kVec, kSmallThreads>(p, small)) return gpuErrorInvalidValue;
   if (small.num_tiles <= kSmallTiles) {
@@ -550,63 +705,6 @@ gpuError_t launch_dynamic_vec(const QuantProblem& p, gpuStream_t stream) {
       a.num_tiles, sms * resident_blocks(quant_per_sm, dynamic_quant_kernel<T, kVec>, kThreads));
   dynamic_quant_kernel<T, kVec><<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(a);
   return gpuGetLastError();
-}
-
-template <typename T, int kVec, int kCache>
-gpuError_t launch_per_token_kernel(const Rows<T>& a, int64_t tx, int64_t ty, gpuStream_t stream) {
-  int64_t blocks = ceil_div(a.rows, ty);
-  if (blocks > kMaxGridX) blocks = kMaxGridX;
-  const dim3 grid(static_cast<unsigned>(blocks));
-  const dim3 block(static_cast<unsigned>(tx), static_cast<unsigned>(ty));
-  if constexpr (kCache == 0) {
-    per_token_streaming_kernel<T, kVec><<<grid, block, 0, stream>>>(a);
-  } else {
-    per_token_cached_kernel<T, kVec, kCache><<<grid, block, 0, stream>>>(a);
-  }
-  return gpuGetLastError();
-}
-
-/// Picks the block shape and register cache for rows of a.vecs_per_row vectors and launches.
-/// Threads per row are a multiple of the warp size (the tail's < kVec threads always fit).
-template <typename T, int kVec>
-gpuError_t launch_per_token_vec(const QuantProblem& p, gpuStream_t stream) {
-  Rows<T> a;
-  a.out = p.out;
-  a.in = static_cast<const T*>(p.input);
-  a.scale = p.scale;
-  a.scale_ub = p.scale_ub;
-  a.rows = p.num_tokens;
-  a.out_stride = p.out_row_stride;
-  a.in_stride = p.input_row_stride;
-  a.vecs_per_row = static_cast<int>(p.hidden / kVec);
-  a.tail = static_cast<int>(p.hidden % kVec);
-  const int64_t num_vecs = a.vecs_per_row;
-  constexpr int64_t kWarp = APHRODITE_WARP_SIZE;
-  // Fewer rows than SMs (decode sizes): up to kMaxRowThreads threads a row, so that each thread
-  // converts fewer elements.
-  const int64_t row_threads = p.num_tokens < sm_count() ? kMaxRowThreads : kRowBlockThreads;
-  int cache = 0;
-  for (int c : kCacheSteps) {
-    if (num_vecs <= row_threads * c) {
-      cache = c;
-      break;
-    }
-  }
-  if (cache == 0 && num_vecs <= int64_t{kMaxRowThreads} * kMaxCache) cache = kMaxCache;
-  int64_t tx = kMaxRowThreads;
-  int64_t ty = 1;
-  if (cache > 0) {
-    tx = ceil_div(ceil_div(num_vecs, cache), kWarp) * kWarp;
-    if (tx < kWarp) tx = kWarp;
-    ty = tx < kRowBlockThreads ? kRowBlockThreads / tx : 1;
-  }
-  switch (cache) {
-    case 1: return launch_per_token_kernel<T, kVec, 1>(a, tx, ty, stream);
-    case 2: return launch_per_token_kernel<T, kVec, 2>(a, tx, ty, stream);
-    case 4: return launch_per_token_kernel<T, kVec, 4>(a, tx, ty, stream);
-    case 8: return launch_per_token_kernel<T, kVec, 8>(a, tx, ty, stream);
-    default: return launch_per_token_kernel<T, kVec, 0>(a, tx, ty, stream);
-  }
 }
 
 enum class Op { kStatic, kDynamic, kPerToken };
