@@ -1,10 +1,11 @@
 // GPU kernel of moe_sum (moe_sum.h): out[t, :] = sum_k input[t, k, :], fp32 accumulation.
 //
-// Bandwidth-bound: each thread owns one 16-byte vector of a token's hidden row and issues the k
-// loads of it back to back (k is a template parameter up to kMaxUnrolledK), so a thread keeps k
-// 16-byte loads in flight. The threads of the grid walk the (token, vector) pairs flat, so decode
-// sizes (one token) still spread over the whole GPU. Rows whose pointers or strides do not allow
-// 16-byte access take a scalar kernel. Torch-free.
+// Bandwidth-bound: each thread owns one vector of kN elements (16 bytes where pointers and
+// strides allow, else one element) of a token's hidden row and issues the k loads of it back to
+// back (k is a template parameter up to kMaxUnrolledK), so a thread keeps k loads in flight.
+// Blocks are (vectors of a row) x (rows): x walks a row's vectors and y the tokens, so no thread
+// divides to find its token and its loads issue at once; a narrow row shares its block with
+// others, and a decode-sized problem (one token) still spreads over many SMs. Torch-free.
 #include "moe/moe_sum.h"
 
 #include <cstdint>
@@ -18,7 +19,8 @@ namespace {
 // Small blocks: a decode-sized row (one token) still spreads over many SMs.
 constexpr int kThreads = 128;
 constexpr int kMaxUnrolledK = 8;
-constexpr int64_t kMaxBlocks = int64_t{1} << 20;
+constexpr int64_t kMaxGridX = int64_t{1} << 20;
+constexpr int64_t kMaxGridY = 65535;
 
 template <typename T>
 struct SumArgs {
@@ -32,70 +34,129 @@ struct SumArgs {
   int64_t in_k_stride;
 };
 
-/// Vector path: kN elements per thread (16 bytes). kK > 0: topk == kK, unrolled; kK == 0: any topk.
-template <typename T, int kK>
-__global__ void __launch_bounds__(kThreads) moe_sum_vec_kernel(const SumArgs<T> a) {
-  constexpr int kN = 16 / sizeof(T);
+/// kN elements a thread (one load each of the k rows). kK > 0: topk == kK, unrolled; kK == 0:
+/// any topk. Threads (x, y) of block (bx, by) own vector bx * blockDim.x + x of token
+/// by * blockDim.y + y; both loop when the grid is smaller than the problem.
+template <typename T, int kN, int kK>
+__global__ void __launch_bounds__(kThreads) moe_sum_kernel(const SumArgs<T> a) {
   using V = Vec<T, kN>;
   const int64_t vecs = a.hidden / kN;
-  const int64_t work = a.num_tokens * vecs;
-  for (int64_t idx = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; idx < work;
-       idx += static_cast<int64_t>(gridDim.x) * kThreads) {
-    const int64_t t = idx / vecs;
-    const int64_t col = (idx - t * vecs) * kN;
-    const T* src = a.in + t * a.in_token_stride + col;
-    float acc[kN];
+  const int64_t col_step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t row_step = static_cast<int64_t>(gridDim.y) * blockDim.y;
+  for (int64_t t = static_cast<int64_t>(blockIdx.y) * blockDim.y + threadIdx.y; t < a.num_tokens;
+       t += row_step) {
+    const T* row = a.in + t * a.in_token_stride;
+    T* out = a.out + t * a.out_stride;
+    for (int64_t v = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; v < vecs;
+         v += col_step) {
+      const T* src = row + v * kN;
+      float acc[kN];
 #pragma unroll
-    for (int q = 0; q < kN; ++q) acc[q] = 0.0f;
-    if constexpr (kK > 0) {
-      V v[kK];
+      for (int q = 0; q < kN; ++q) acc[q] = 0.0f;
+      if constexpr (kK > 0) {
+        V x[kK];
 #pragma unroll
-      for (int k = 0; k < kK; ++k) v[k] = *reinterpret_cast<const V*>(src + k * a.in_k_stride);
+        for (int k = 0; k < kK; ++k) x[k] = *reinterpret_cast<const V*>(src + k * a.in_k_stride);
 #pragma unroll
-      for (int k = 0; k < kK; ++k) {
+        for (int k = 0; k < kK; ++k) {
 #pragma unroll
-        for (int q = 0; q < kN; ++q) acc[q] += to_float(v[k].v[q]);
+          for (int q = 0; q < kN; ++q) acc[q] += to_float(x[k].v[q]);
+        }
+      } else {
+        for (int64_t k = 0; k < a.topk; ++k) {
+          const V x = *reinterpret_cast<const V*>(src + k * a.in_k_stride);
+#pragma unroll
+          for (int q = 0; q < kN; ++q) acc[q] += to_float(x.v[q]);
+        }
       }
-    } else {
-      for (int64_t k = 0; k < a.topk; ++k) {
-        const V v = *reinterpret_cast<const V*>(src + k * a.in_k_stride);
+      V r;
 #pragma unroll
-        for (int q = 0; q < kN; ++q) acc[q] += to_float(v.v[q]);
-      }
+      for (int q = 0; q < kN; ++q) r.v[q] = from_float<T>(acc[q]);
+      *reinterpret_cast<V*>(out + v * kN) = r;
     }
-    V r;
+  }
+}
+
+/// Decode sizes (few vectors in all): the k loads of a vector spread over kK threads, so that
+/// every thread has one load in flight (ptxas issues a thread's k loads in groups of about
+/// three, each group a memory round trip, to save registers). A block is kSplitVecs vectors x kK
+/// threads: thread (g, j) loads k = g of the block's vector j (neighbouring j read neighbouring
+/// memory); the kK vectors meet in shared memory, where thread j sums them in ascending k, the
+/// order of moe_sum_kernel, so that both give the same bits.
+constexpr int kSplitVecs = 16;
+
+template <typename T, int kN, int kK>
+__global__ void __launch_bounds__(kSplitVecs* kMaxUnrolledK)
+    moe_sum_split_kernel(const SumArgs<T> a) {
+  using V = Vec<T, kN>;
+  __shared__ V tile[kK][kSplitVecs];
+  const int j = static_cast<int>(threadIdx.x % kSplitVecs);
+  const int g = static_cast<int>(threadIdx.x / kSplitVecs);
+  const int64_t vecs = a.hidden / kN;
+  const int64_t v = static_cast<int64_t>(blockIdx.x) * kSplitVecs + j;
+  const int64_t t = blockIdx.y;
+  if (v < vecs) {
+    tile[g][j] =
+        *reinterpret_cast<const V*>(a.in + t * a.in_token_stride + g * a.in_k_stride + v * kN);
+  }
+  __syncthreads();
+  if (g != 0 || v >= vecs) return;
+  float acc[kN];
 #pragma unroll
-    for (int q = 0; q < kN; ++q) r.v[q] = from_float<T>(acc[q]);
-    *reinterpret_cast<V*>(a.out + t * a.out_stride + col) = r;
+  for (int q = 0; q < kN; ++q) acc[q] = 0.0f;
+#pragma unroll
+  for (int k = 0; k < kK; ++k) {
+    const V x = tile[k][j];
+#pragma unroll
+    for (int q = 0; q < kN; ++q) acc[q] += to_float(x.v[q]);
   }
+  V r;
+#pragma unroll
+  for (int q = 0; q < kN; ++q) r.v[q] = from_float<T>(acc[q]);
+  *reinterpret_cast<V*>(a.out + t * a.out_stride + v * kN) = r;
 }
 
-/// Scalar path for any alignment.
-template <typename T>
-__global__ void __launch_bounds__(kThreads) moe_sum_scalar_kernel(const SumArgs<T> a) {
-  const int64_t work = a.num_tokens * a.hidden;
-  for (int64_t idx = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; idx < work;
-       idx += static_cast<int64_t>(gridDim.x) * kThreads) {
-    const int64_t t = idx / a.hidden;
-    const int64_t col = idx - t * a.hidden;
-    const T* src = a.in + t * a.in_token_stride + col;
-    float acc = 0.0f;
-    for (int64_t k = 0; k < a.topk; ++k) acc += to_float(src[k * a.in_k_stride]);
-    a.out[t * a.out_stride + col] = from_float<T>(acc);
+/// Problems of at most this many vectors (all tokens) take moe_sum_split_kernel.
+constexpr int64_t kSplitMaxVecs = 8192;
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+template <typename T, int kN, int kK>
+gpuError_t launch(const SumArgs<T>& a, gpuStream_t stream) {
+  const int64_t vecs = a.hidden / kN;
+  if constexpr (kK >= 2) {
+    if (a.num_tokens * vecs <= kSplitMaxVecs && a.num_tokens <= kMaxGridY) {
+      const dim3 grid(static_cast<unsigned>(ceil_div(vecs, kSplitVecs)),
+                      static_cast<unsigned>(a.num_tokens));
+      moe_sum_split_kernel<T, kN, kK><<<grid, kSplitVecs * kK, 0, stream>>>(a);
+      return gpuGetLastError();
+    }
   }
-}
-
-unsigned grid_for(int64_t work) {
-  int64_t blocks = (work + kThreads - 1) / kThreads;
-  if (blocks > kMaxBlocks) blocks = kMaxBlocks;
-  return static_cast<unsigned>(blocks < 1 ? 1 : blocks);
-}
-
-template <typename T, int kK>
-gpuError_t launch_vec(const SumArgs<T>& a, gpuStream_t stream) {
-  constexpr int kN = 16 / sizeof(T);
-  moe_sum_vec_kernel<T, kK><<<grid_for(a.num_tokens * (a.hidden / kN)), kThreads, 0, stream>>>(a);
+  int64_t tx = 32;
+  while (tx < vecs && tx < kThreads) tx *= 2;
+  const int64_t ty = kThreads / tx;
+  int64_t gx = ceil_div(vecs, tx), gy = ceil_div(a.num_tokens, ty);
+  if (gx > kMaxGridX) gx = kMaxGridX;
+  if (gy > kMaxGridY) gy = kMaxGridY;
+  const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(gy));
+  const dim3 block(static_cast<unsigned>(tx), static_cast<unsigned>(ty));
+  moe_sum_kernel<T, kN, kK><<<grid, block, 0, stream>>>(a);
   return gpuGetLastError();
+}
+
+template <typename T, int kN>
+gpuError_t launch_topk(const SumArgs<T>& a, gpuStream_t stream) {
+  switch (a.topk) {
+    case 1: return launch<T, kN, 1>(a, stream);
+    case 2: return launch<T, kN, 2>(a, stream);
+    case 3: return launch<T, kN, 3>(a, stream);
+    case 4: return launch<T, kN, 4>(a, stream);
+    case 5: return launch<T, kN, 5>(a, stream);
+    case 6: return launch<T, kN, 6>(a, stream);
+    case 7: return launch<T, kN, 7>(a, stream);
+    case 8: return launch<T, kN, kMaxUnrolledK>(a, stream);
+    default: return launch<T, kN, 0>(a, stream);
+  }
 }
 
 template <typename T>
@@ -114,21 +175,7 @@ gpuError_t launch_typed(const MoeSumProblem& p, gpuStream_t stream) {
                    reinterpret_cast<uintptr_t>(p.input) % 16 == 0 && p.hidden % kN == 0 &&
                    p.out_token_stride % kN == 0 && p.in_token_stride % kN == 0 &&
                    p.in_k_stride % kN == 0;
-  if (!vec) {
-    moe_sum_scalar_kernel<T><<<grid_for(p.num_tokens * p.hidden), kThreads, 0, stream>>>(a);
-    return gpuGetLastError();
-  }
-  switch (p.topk) {
-    case 1: return launch_vec<T, 1>(a, stream);
-    case 2: return launch_vec<T, 2>(a, stream);
-    case 3: return launch_vec<T, 3>(a, stream);
-    case 4: return launch_vec<T, 4>(a, stream);
-    case 5: return launch_vec<T, 5>(a, stream);
-    case 6: return launch_vec<T, 6>(a, stream);
-    case 7: return launch_vec<T, 7>(a, stream);
-    case 8: return launch_vec<T, kMaxUnrolledK>(a, stream);
-    default: return launch_vec<T, 0>(a, stream);
-  }
+  return vec ? launch_topk<T, kN>(a, stream) : launch_topk<T, 1>(a, stream);
 }
 
 }  // namespace
