@@ -104,35 +104,43 @@ for dtype in (torch.float32, torch.bfloat16):
             ub = torch.tensor([1.0], device=dev)
             scales = torch.empty(tokens, 1, device=dev)
             torch.ops._C.dynamic_per_token_scaled_fp8_quant(q, x, scales, ub)
-# marlin: repacks, and the GEMM with and without split-K, every weight type and group mode.
-from aphrodite_ext.ops import marlin  # noqa: E402
 
-for k, n in ((208, 192), (1152, 320)):
-    codes = torch.randint(0, 16, (k, n), dtype=torch.int32, device=dev)
-    perm = torch.randperm(k, device=dev).to(torch.int32)
-    torch.ops._C.gptq_marlin_repack(marlin.pack_gptq(codes), perm, k, n, 4)
-    torch.ops._C.awq_marlin_repack(marlin.pack_awq(codes), k, n, 4)
-    for dtype in (torch.float16, torch.bfloat16):
-        for weight_type in ("uint4b8", "uint4"):
-            for group in (32, -1) if k % 32 == 0 else (-1,):
-                for act_order in (False, True) if group != -1 else (False,):
-                    w = torch.randn(k, n, device=dev) * 0.05
-                    q = marlin.quantize_weights(w, weight_type, group, act_order, dtype)
-                    p = q["perm"] if act_order else None
-                    packed = marlin.gptq_marlin_repack(marlin.pack_gptq(q["codes"]), p, k, n)
-                    zeros = marlin.pack_plain(q["zeros"]) if weight_type == "uint4" else None
-                    for m in (1, 33, 130):
-                        marlin.gptq_marlin_gemm(
-                            torch.randn(m, k, dtype=dtype, device=dev),
-                            packed,
-                            q["scales"],
-                            marlin.make_workspace(dev),
-                            weight_type,
-                            b_zeros=zeros,
-                            g_idx=q["g_idx"] if act_order else None,
-                            perm=p,
-                            bias=torch.randn(n, dtype=dtype, device=dev),
-                        )
+
+def _family_built(name: str) -> bool:
+    """Whether this build holds the family (a narrowed build may leave it out)."""
+    return bool(aphrodite_ext.build_info().get("families", {}).get(name, {}).get("built"))
+
+
+# marlin: repacks, and the GEMM with and without split-K, every weight type and group mode.
+if _family_built("marlin"):
+    from aphrodite_ext.ops import marlin  # noqa: E402
+
+    for k, n in ((208, 192), (1152, 320)):
+        codes = torch.randint(0, 16, (k, n), dtype=torch.int32, device=dev)
+        perm = torch.randperm(k, device=dev).to(torch.int32)
+        torch.ops._C.gptq_marlin_repack(marlin.pack_gptq(codes), perm, k, n, 4)
+        torch.ops._C.awq_marlin_repack(marlin.pack_awq(codes), k, n, 4)
+        for dtype in (torch.float16, torch.bfloat16):
+            for weight_type in ("uint4b8", "uint4"):
+                for group in (32, -1) if k % 32 == 0 else (-1,):
+                    for act_order in (False, True) if group != -1 else (False,):
+                        w = torch.randn(k, n, device=dev) * 0.05
+                        q = marlin.quantize_weights(w, weight_type, group, act_order, dtype)
+                        p = q["perm"] if act_order else None
+                        packed = marlin.gptq_marlin_repack(marlin.pack_gptq(q["codes"]), p, k, n)
+                        zeros = marlin.pack_plain(q["zeros"]) if weight_type == "uint4" else None
+                        for m in (1, 33, 130):
+                            marlin.gptq_marlin_gemm(
+                                torch.randn(m, k, dtype=dtype, device=dev),
+                                packed,
+                                q["scales"],
+                                marlin.make_workspace(dev),
+                                weight_type,
+                                b_zeros=zeros,
+                                g_idx=q["g_idx"] if act_order else None,
+                                perm=p,
+                                bias=torch.randn(n, dtype=dtype, device=dev),
+                            )
 
 
 def _pa_call(op, **named):
