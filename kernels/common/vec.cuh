@@ -37,14 +37,16 @@ __device__ __forceinline__ T from_float(float v) {
 /// Hides v's value from the optimiser (an empty asm that may "change" each of its 32-bit words),
 /// so that copies made of it before this point (e.g. fp32 conversions for a reduction) are not
 /// kept alive after it, and what follows recomputes from v itself. Types whose size is not a
-/// multiple of 4 bytes are left as they are.
+/// multiple of 4 bytes (and every value on ROCm) are left as they are.
 template <typename V>
 __device__ __forceinline__ void launder(V& v) {
+#if !defined(USE_ROCM)
   if constexpr (sizeof(V) % 4 == 0) {
     uint32_t* words = reinterpret_cast<uint32_t*>(&v);
 #pragma unroll
     for (size_t i = 0; i < sizeof(V) / 4; ++i) asm volatile("" : "+r"(words[i]));
   }
+#endif
 }
 
 }  // namespace aphrodite

@@ -37,19 +37,6 @@ constexpr int64_t kPipelineMinBlocks = 8192;
 /// Grid limit; the kernels loop over rows beyond it.
 constexpr int64_t kMaxGridX = int64_t{1} << 20;
 
-/// Hides v's value from the optimiser, so that the fp32 copies made for the sum of squares are
-/// not kept alive until the output pass (the packed elements take half the registers).
-template <typename V>
-__device__ __forceinline__ void launder(V& v) {
-#if !defined(USE_ROCM)
-  if constexpr (sizeof(V) % 4 == 0) {
-    uint32_t* words = reinterpret_cast<uint32_t*>(&v);
-#pragma unroll
-    for (size_t i = 0; i < sizeof(V) / 4; ++i) asm volatile("" : "+r"(words[i]));
-  }
-#endif
-}
-
 /// Both problems in one shape. Plain: out/in are the output and input. Fused: out == in is the
 /// input tensor (overwritten with the result) and residual is updated in place.
 template <typename T>
