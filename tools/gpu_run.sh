@@ -76,11 +76,12 @@ if has profile; then
   python3 tools/ncu_table.py "$OUT/profile.csv" > "$OUT/profile.md" 2>&1
 fi
 
-echo
-echo "================ summary ================"
-cat "$OUT/gpu.txt"
-printf '%s\n' "${summary[@]}"
+# The tables first and the status lines last, so that a clipped tail of the output keeps them.
 for b in $BENCH; do
   [ -f "$OUT/bench_$b.log" ] && { echo "--- $b"; grep "^|" "$OUT/bench_$b.log"; }
 done
 if [ -f "$OUT/profile.md" ]; then echo "--- profile"; cat "$OUT/profile.md"; fi
+echo
+echo "================ summary ================"
+cat "$OUT/gpu.txt"
+printf '%s\n' "${summary[@]}"

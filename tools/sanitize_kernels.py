@@ -162,67 +162,69 @@ def _pa_call(op, **named):
 
 # paged attention: v1, v2 (partitions of 512: seq len 600 has two, one of them partial), plain
 # and XL, GQA 4, ALiBi, odd seq lens, block sizes 16 and 32, fp8 caches where built; GQA 1 and
-# 8 too, so that all three head-group tilings of the kernels (kG = 1, 4, 8) run.
-for head, block, cache, heads in (
-    (80, 16, "auto", 8),
-    (128, 32, "auto", 8),
-    (128, 16, "fp8", 8),
-    (80, 16, "auto", 2),
-    (128, 32, "auto", 2),
-    (80, 16, "auto", 16),
-    (128, 16, "fp8", 16),
-):
-    seq_lens = torch.tensor([1, 17, 600, 0], dtype=torch.int32, device=dev)
-    nseq, kv_heads, max_len = 4, 2, 600
-    nblk = (max_len + block - 1) // block
-    elem = torch.uint8 if cache == "fp8" else torch.bfloat16
-    x = 16 // torch.empty((), dtype=elem).element_size()
-    num_blocks = nseq * nblk + 3
-    kc = torch.randint(0, 100, (num_blocks, kv_heads, head // x, block, x), device=dev)
-    vc = torch.randint(0, 100, (num_blocks, kv_heads, head, block), device=dev)
-    if cache == "fp8":
-        kc, vc = kc.to(torch.uint8), vc.to(torch.uint8)
-    else:
-        kc, vc = kc.to(torch.bfloat16) / 50, vc.to(torch.bfloat16) / 50
-    tables = torch.randperm(num_blocks, device=dev)[: nseq * nblk].view(nseq, nblk).int()
-    q = torch.randn(nseq, heads, head, dtype=torch.bfloat16, device=dev)
-    out = torch.empty_like(q)
-    parts = (max_len + 511) // 512
-    scratch = dict(
-        exp_sums=torch.empty(nseq, heads, parts, device=dev),
-        max_logits=torch.empty(nseq, heads, parts, device=dev),
-        tmp_out=torch.empty(nseq, heads, parts, head, device=dev),
-    )
-    one = torch.ones((), device=dev)
-    common = dict(
-        out=out,
-        query=q,
-        key_cache=kc,
-        value_cache=vc,
-        num_kv_heads=kv_heads,
-        scale=head**-0.5,
-        block_tables=tables,
-        seq_lens=seq_lens,
-        block_size=block,
-        max_seq_len=max_len,
-        kv_cache_dtype=cache,
-        k_scale=one,
-        v_scale=one,
-    )
-    alibi = torch.rand(heads, device=dev)
-    xl = dict(
-        pos_bias_u=torch.randn_like(q),
-        matrix_bd=torch.randn(nseq, heads, max_len, dtype=q.dtype, device=dev),
-    )
-    try:
-        _pa_call("paged_attention_v1", alibi_slopes=alibi, **common)
-    except RuntimeError as e:
-        if "not built" not in str(e) and "were not built" not in str(e):
-            raise
-        continue  # this build's generator options left the combination out
-    _pa_call("paged_attention_v2", alibi_slopes=None, **scratch, **common)
-    _pa_call("xl_paged_attention_v1", alibi_slopes=None, **xl, **common)
-    _pa_call("xl_paged_attention_v2", alibi_slopes=alibi, **xl, **scratch, **common)
+# 8 too, so that all three head-group tilings of the kernels (kG = 1, 4, 8) run. Only where the
+# family is built.
+if _family_built("paged_attention"):
+    for head, block, cache, heads in (
+        (80, 16, "auto", 8),
+        (128, 32, "auto", 8),
+        (128, 16, "fp8", 8),
+        (80, 16, "auto", 2),
+        (128, 32, "auto", 2),
+        (80, 16, "auto", 16),
+        (128, 16, "fp8", 16),
+    ):
+        seq_lens = torch.tensor([1, 17, 600, 0], dtype=torch.int32, device=dev)
+        nseq, kv_heads, max_len = 4, 2, 600
+        nblk = (max_len + block - 1) // block
+        elem = torch.uint8 if cache == "fp8" else torch.bfloat16
+        x = 16 // torch.empty((), dtype=elem).element_size()
+        num_blocks = nseq * nblk + 3
+        kc = torch.randint(0, 100, (num_blocks, kv_heads, head // x, block, x), device=dev)
+        vc = torch.randint(0, 100, (num_blocks, kv_heads, head, block), device=dev)
+        if cache == "fp8":
+            kc, vc = kc.to(torch.uint8), vc.to(torch.uint8)
+        else:
+            kc, vc = kc.to(torch.bfloat16) / 50, vc.to(torch.bfloat16) / 50
+        tables = torch.randperm(num_blocks, device=dev)[: nseq * nblk].view(nseq, nblk).int()
+        q = torch.randn(nseq, heads, head, dtype=torch.bfloat16, device=dev)
+        out = torch.empty_like(q)
+        parts = (max_len + 511) // 512
+        scratch = dict(
+            exp_sums=torch.empty(nseq, heads, parts, device=dev),
+            max_logits=torch.empty(nseq, heads, parts, device=dev),
+            tmp_out=torch.empty(nseq, heads, parts, head, device=dev),
+        )
+        one = torch.ones((), device=dev)
+        common = dict(
+            out=out,
+            query=q,
+            key_cache=kc,
+            value_cache=vc,
+            num_kv_heads=kv_heads,
+            scale=head**-0.5,
+            block_tables=tables,
+            seq_lens=seq_lens,
+            block_size=block,
+            max_seq_len=max_len,
+            kv_cache_dtype=cache,
+            k_scale=one,
+            v_scale=one,
+        )
+        alibi = torch.rand(heads, device=dev)
+        xl = dict(
+            pos_bias_u=torch.randn_like(q),
+            matrix_bd=torch.randn(nseq, heads, max_len, dtype=q.dtype, device=dev),
+        )
+        try:
+            _pa_call("paged_attention_v1", alibi_slopes=alibi, **common)
+        except RuntimeError as e:
+            if "not built" not in str(e) and "were not built" not in str(e):
+                raise
+            continue  # this build's generator options left the combination out
+        _pa_call("paged_attention_v2", alibi_slopes=None, **scratch, **common)
+        _pa_call("xl_paged_attention_v1", alibi_slopes=None, **xl, **common)
+        _pa_call("xl_paged_attention_v2", alibi_slopes=alibi, **xl, **scratch, **common)
 # flash_attn (_fa2_C): ragged lengths off the 64-row tiles, a query longer than its keys
 # (rows that see no key), GQA, with the LSE, both masks; then the paged variant on a cache of
 # 16-row blocks in shuffled order (a 64-key tile spans four blocks; table entries past each
