@@ -20,12 +20,13 @@ inline constexpr int kActThreads = 256;
 inline constexpr int64_t kActMinBlocks = 1024;
 /// Smallest block the launcher shrinks to.
 inline constexpr int kActMinThreads = 64;
-/// Below this many 16-byte vectors (about a hundred an SM: a token or a few at decode) a thread
-/// takes a quarter vector, so that the activation's math, which then bounds the time, spreads
-/// over 4x the threads. Above it the whole vector wins: at 16 tokens x 28672 (57344 vectors) an
-/// H100 profile (2026-11-25) ran the quarter vectors in 4.0 us against 3.6 us for torch.compile's
-/// one-16-byte-vector-a-thread kernel, with twice its instructions.
-inline constexpr int64_t kActSmallVecs = 16384;
+/// Below this many 16-byte vectors a thread takes a quarter vector, so that the activation's
+/// math, which then bounds the time, spreads over 4x the threads: about a hundred vectors an SM
+/// (a token or a few at decode) for silu and the tanh form; four times that for erf's longer
+/// code. At 16 tokens x 28672 (57344 vectors) an H100 profile (2026-11-25) ran silu's quarter
+/// vectors in 4.0 us against 3.6 us for torch.compile's whole-vector kernel, and the same run's
+/// benchmark gave erf with whole vectors 0.91x of torch.compile.
+constexpr int64_t act_small_vecs(Kind k) { return k == Kind::kGelu ? 65536 : 16384; }
 /// Grid limits; the kernel loops when the problem needs more blocks than these.
 inline constexpr int64_t kActMaxGridX = int64_t{1} << 20;
 inline constexpr int64_t kActMaxGridY = 65535;
@@ -141,7 +142,7 @@ gpuError_t act_and_mul_launch(const Problem& p, gpuStream_t stream) {
   const bool vectorised = p.d % kVec == 0 && p.out_row_stride % kVec == 0 &&
                           p.input_row_stride % kVec == 0 && detail::act_aligned16(p.out) &&
                           detail::act_aligned16(p.input);
-  if (vectorised && p.num_tokens * (p.d / kVec) < detail::kActSmallVecs) {
+  if (vectorised && p.num_tokens * (p.d / kVec) < detail::act_small_vecs(K)) {
     return detail::act_and_mul_launch_vec<K, T, (kVec >= 4 ? kVec / 4 : 1)>(p, stream);
   }
   if (vectorised) return detail::act_and_mul_launch_vec<K, T, kVec>(p, stream);
