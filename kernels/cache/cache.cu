@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "common/fast_div.h"
 #include "common/gpu.h"
 #include "common/vec.cuh"
 #if !defined(USE_ROCM)
@@ -105,11 +106,11 @@ struct TileSlots {
   int64_t block_size;
   int block_shift;  ///< log2(block_size) where it is a power of two, else -1
 
-  /// The row's element offset, or -1 for padding (negative) and out-of-range slots, which are
-  /// skipped rather than written out of bounds (the CPU backend rejects the latter; checking
-  /// here would cost a synchronisation).
-  __device__ __forceinline__ int64_t row(int t, int64_t block_stride, int64_t slot_stride) const {
-    const int64_t slot = slots[t];
+  /// The row's element offset for a slot read from slots[], or -1 for padding (negative) and
+  /// out-of-range slots, which are skipped rather than written out of bounds (the CPU backend
+  /// rejects the latter; checking here would cost a synchronisation).
+  __device__ __forceinline__ int64_t row(int64_t slot, int64_t block_stride,
+                                         int64_t slot_stride) const {
     if (slot < 0 || slot >= num_slots) return -1;
     int64_t block, offset;
     if (block_shift >= 0) {
@@ -138,22 +139,28 @@ __device__ __forceinline__ Chunk<Out, N> to_cache_chunk(const Chunk<In, N>& in, 
 
 /// The items of a (tile tokens x n pieces) grid that this thread takes: i = first, first +
 /// step, ..., as (token t, piece c) with i = t * n + c (piece fastest) or, for kTokenFastest,
-/// i = c * tile + t. Advances without dividing again.
+/// i = c * tile + t. `fastest` divides by the fastest dimension's size (a FastDiv the launch
+/// made). Advances without dividing again.
 template <bool kTokenFastest>
 struct ItemWalk {
   int t, c, step_t, step_c, tile, n;
 
-  __device__ __forceinline__ ItemWalk(int tile_, int n_, int first, int step) : tile(tile_), n(n_) {
+  __device__ __forceinline__ ItemWalk(int tile_, int n_, const FastDiv& fastest, int first,
+                                      int step)
+      : tile(tile_), n(n_) {
+    const int size = kTokenFastest ? tile : n;
+    const int q = static_cast<int>(fastest.div(static_cast<uint32_t>(first)));
+    const int step_q = static_cast<int>(fastest.div(static_cast<uint32_t>(step)));
     if constexpr (kTokenFastest) {
-      c = first / tile;
-      t = first - c * tile;
-      step_c = step / tile;
-      step_t = step - step_c * tile;
+      c = q;
+      t = first - q * size;
+      step_c = step_q;
+      step_t = step - step_q * size;
     } else {
-      t = first / n;
-      c = first - t * n;
-      step_t = step / n;
-      step_c = step - step_t * n;
+      t = q;
+      c = first - q * size;
+      step_t = step_q;
+      step_c = step - step_q * size;
     }
   }
 
@@ -172,15 +179,27 @@ struct ItemWalk {
   }
 };
 
+/// Divisors of the kernel's item walks, made at launch: the key and value pieces of a row, and
+/// the tokens of a full tile and of the last one.
+struct WalkDivs {
+  FastDiv key_n;
+  FastDiv value_n;
+  FastDiv full_tile;
+  FastDiv last_tile;
+};
+
 /// Grid: (ceil(num_tokens / kTileTokens), num_kv_heads, parts); at most kThreads threads. The
-/// parts of a tile's blocks take its items in turn, a block's threads at a time.
+/// parts of a tile's blocks take its items in turn, a block's threads at a time. A thread loads
+/// its inputs and both slots before anything waits for them (one memory round trip, then the
+/// stores).
 /// In/Out: raw unsigned integers of the element size for kAuto caches; the input's type and
 /// uint8_t for fp8 caches. kVec: 16-byte accesses (pointers, strides and head_size allow them).
 /// kFineValues (paged, small problems): paged values are read 4 bytes at a time, so that their
 /// one-store-an-element scatter spreads over 4x the threads.
 template <typename In, typename Out, bool kFlash, bool kVec, bool kFineValues = false>
 __global__ void __launch_bounds__(kThreads)
-    reshape_and_cache_kernel(const ReshapeAndCacheProblem p, const int block_shift) {
+    reshape_and_cache_kernel(const ReshapeAndCacheProblem p, const int block_shift,
+                             const WalkDivs divs) {
   constexpr int kX = 16 / sizeof(Out);  // cache elements per 16-byte chunk
   // Keys (and flash values) move in chunks of kCh elements: whole x-chunks in the paged layout
   // (head_size is a multiple of x there), single elements for misaligned flash caches.
@@ -220,8 +239,9 @@ __global__ void __launch_bounds__(kThreads)
   const int total = key_total > value_total ? key_total : value_total;
   const int first = static_cast<int>(blockIdx.z * blockDim.x + threadIdx.x);
   const int step = static_cast<int>(gridDim.z * blockDim.x);
-  ItemWalk<false> kw(tile, key_n, first, step);
-  ItemWalk<!kFlash> vw(tile, value_n, first, step);
+  const FastDiv& tile_div = tile == kTileTokens ? divs.full_tile : divs.last_tile;
+  ItemWalk<false> kw(tile, key_n, divs.key_n, first, step);
+  ItemWalk<!kFlash> vw(tile, value_n, kFlash ? divs.value_n : tile_div, first, step);
   for (int i = first; i < total; i += step) {
     const bool has_key = i < key_total;
     const bool has_value = i < value_total;
@@ -231,9 +251,10 @@ __global__ void __launch_bounds__(kThreads)
     if (has_value) {
       load_chunk<In, kVe, kVec>(v_in, value + vw.t * p.value_token_stride + vw.c * kVe);
     }
-    const int64_t k_row = has_key ? slots.row(kw.t, p.key_cache_block_stride, key_slot_stride) : -1;
-    const int64_t v_row =
-        has_value ? slots.row(vw.t, p.value_cache_block_stride, value_slot_stride) : -1;
+    const int64_t k_slot = has_key ? slots.slots[kw.t] : -1;
+    const int64_t v_slot = has_value ? slots.slots[vw.t] : -1;
+    const int64_t k_row = slots.row(k_slot, p.key_cache_block_stride, key_slot_stride);
+    const int64_t v_row = slots.row(v_slot, p.value_cache_block_stride, value_slot_stride);
     if (k_row >= 0) {
       store_chunk<Out, kCh, kVec>(key_cache + k_row + kw.c * key_chunk_stride,
                                   to_cache_chunk<Out>(k_in, inv_k));
@@ -298,19 +319,29 @@ gpuError_t launch_reshape_typed(const ReshapeAndCacheProblem& p, gpuStream_t str
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(p.num_kv_heads),
                   static_cast<unsigned>(parts));
   const dim3 block(static_cast<unsigned>(threads));
+  // The kernel's piece counts (kCh- and kVe-element pieces of a head_size row).
+  const int64_t key_piece = (vec || !flash) ? kX : 1;
+  const int64_t value_piece = flash ? key_piece : (vec ? (fine ? 4 : 16) / in_size : 1);
+  const int64_t last_tile = p.num_tokens - (tiles - 1) * kTileTokens;
+  auto div_by = [](int64_t d) { return FastDiv(static_cast<uint32_t>(d > 1 ? d : 1)); };
+  const WalkDivs divs{div_by(p.head_size / key_piece), div_by(p.head_size / value_piece),
+                      div_by(kTileTokens), div_by(last_tile)};
   if (flash && vec) {
-    reshape_and_cache_kernel<In, Out, true, true><<<grid, block, 0, stream>>>(p, block_shift);
+    reshape_and_cache_kernel<In, Out, true, true><<<grid, block, 0, stream>>>(p, block_shift, divs);
   } else if (flash) {
-    reshape_and_cache_kernel<In, Out, true, false><<<grid, block, 0, stream>>>(p, block_shift);
+    reshape_and_cache_kernel<In, Out, true, false>
+        <<<grid, block, 0, stream>>>(p, block_shift, divs);
   } else if (fine) {
     if constexpr (in_size == 2) {
       reshape_and_cache_kernel<In, Out, false, true, true>
-          <<<grid, block, 0, stream>>>(p, block_shift);
+          <<<grid, block, 0, stream>>>(p, block_shift, divs);
     }
   } else if (vec) {
-    reshape_and_cache_kernel<In, Out, false, true><<<grid, block, 0, stream>>>(p, block_shift);
+    reshape_and_cache_kernel<In, Out, false, true>
+        <<<grid, block, 0, stream>>>(p, block_shift, divs);
   } else {
-    reshape_and_cache_kernel<In, Out, false, false><<<grid, block, 0, stream>>>(p, block_shift);
+    reshape_and_cache_kernel<In, Out, false, false>
+        <<<grid, block, 0, stream>>>(p, block_shift, divs);
   }
   return gpuGetLastError();
 }
