@@ -48,8 +48,8 @@ template <>
 struct Traits<__half> {
   using T2 = __half2;
   static constexpr uint32_t kMagic = 0x64006400u;  // two fp16 1024.0: 1024 + code is exact
-  static constexpr float kMagicValue = 1024.f;
-  __device__ static T2 pair(float lo, float hi) { return __floats2half2_rn(lo, hi); }
+  __device__ static T2 lows(T2 x) { return __low2half2(x); }
+  __device__ static T2 highs(T2 x) { return __high2half2(x); }
   __device__ static float to_float(__half x) { return __half2float(x); }
   __device__ static T2 float2_to(float lo, float hi) { return __floats2half2_rn(lo, hi); }
 };
@@ -58,8 +58,8 @@ template <>
 struct Traits<__nv_bfloat16> {
   using T2 = __nv_bfloat162;
   static constexpr uint32_t kMagic = 0x43004300u;  // two bf16 128.0: 128 + code is exact
-  static constexpr float kMagicValue = 128.f;
-  __device__ static T2 pair(float lo, float hi) { return __floats2bfloat162_rn(lo, hi); }
+  __device__ static T2 lows(T2 x) { return __low2bfloat162(x); }
+  __device__ static T2 highs(T2 x) { return __high2bfloat162(x); }
   __device__ static float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
   __device__ static T2 float2_to(float lo, float hi) { return __floats2bfloat162_rn(lo, hi); }
 };
@@ -112,6 +112,15 @@ __device__ __forceinline__ void cp_async_wait() {
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p))
+               : "memory");
+}
+
+/// ldmatrix_x4 with .trans: lane l gets rows 2 (l % 4) and 2 (l % 4) + 1 of column l / 4 of each
+/// of the four 8 x 8 matrices (whose 8 row addresses lanes 8i..8i+7 give).
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(smem_addr(p))
                : "memory");
@@ -464,31 +473,43 @@ __global__ void __launch_bounds__(32 * kMWarps * kNWarps * kKWarps)
       }
     };
 
-    // Per-column dequantization constants of the warp's 8 n8 sub-tiles (column 8j + g of the
-    // warp's 64): scale, and magic + zero point, both as pairs.
-    T2 scale2[8], sub2[8];
-    auto set_group = [&](const T* srow, const int32_t* zrow) {
+    // Per-column dequantization constants of the warp's 8 n8 sub-tiles (sub-tile j: column
+    // 8j + g of the warp's 64). The scales as pairs, spair[i] = {s(2i), s(2i + 1)}: the
+    // dequantization multiplies by spair's low or high lane broadcast (Traits lows / highs),
+    // which the HMUL2's operand selects, so 4 registers hold the 8 scales and the grouped
+    // kernels load them with one ldmatrix. zsub[j] = {magic + zero(j), same}, the value a code
+    // of sub-tile j dequantizes from: magic + code - zsub[j] = code - zero, exactly.
+    T2 spair[4];
+    uint32_t zsub[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) zsub[j] = Tr::kMagic + 8u * 0x10001u;  // uint4b8: zero 8
+    // The zero points of the warp's columns: nibble g of the 8 words at zrow (plain order,
+    // word j holds the columns 8j..8j+7 of the warp's 64), as magic + zero pairs: an integer
+    // multiply-add sets both lanes' mantissa bits below the magic's exponent.
+    auto set_zeros = [&](const int32_t* zrow) {
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        const int col = warp_n * kTileN + 8 * j + g;  // within the block
-        const T s = srow[col];
-        scale2[j] = T2{s, s};
-        int zero = 8;
-        if constexpr (C::kZeros) zero = (zrow[col / 8] >> (4 * (col % 8))) & 0xf;
-        const float sub = Tr::kMagicValue + static_cast<float>(zero);
-        sub2[j] = Tr::pair(sub, sub);
+        const uint32_t zero = (static_cast<uint32_t>(zrow[j]) >> (4 * g)) & 0xfu;
+        zsub[j] = zero * 0x10001u + Tr::kMagic;
       }
     };
+    // Lane l's row of the 8 x 8 matrix of the warp's scales (row j: sub-tile j's 8 columns, 16
+    // bytes) for ldmatrix_x4_trans: matrix i gives lane (g, t) rows 2t and 2t + 1 of column g,
+    // so with row 2i + (r & 1) at its rows r, register i is {s(2i), s(2i + 1)} of column g.
+    const int s_lane = warp_n * kTileN + (2 * (lane / 8) + (lane & 1)) * 8;
 
     if constexpr (!kGrouped) {
-      // One group per channel: the constants never change; read them once from global memory
-      // (offset by the block's first column so set_group's indexing is shared).
+      // One group per channel: the constants never change; read them once from global memory.
       const int64_t col = n0 + warp_n * kTileN;
       if (col < p.n) {
-        set_group(scales + n0, C::kZeros ? p.zeros + n0 / 8 : nullptr);
-      } else {
+        const T* srow = scales + col + g;
 #pragma unroll
-        for (int j = 0; j < 8; ++j) scale2[j] = sub2[j] = Tr::pair(0.f, 0.f);
+        for (int i = 0; i < 4; ++i) spair[i] = T2{srow[16 * i], srow[16 * i + 8]};
+        if constexpr (C::kZeros) set_zeros(p.zeros + col / 8);
+      } else {
+        // Columns past N: never stored; zero scales keep them finite.
+#pragma unroll
+        for (int i = 0; i < 4; ++i) spair[i] = as_t2<T2>(0u);
       }
     }
 
@@ -536,9 +557,15 @@ __global__ void __launch_bounds__(32 * kMWarps * kNWarps * kKWarps)
           if (r != current_row) {  // uniform over the warp
             current_row = r;
             const T* ss = reinterpret_cast<const T*>(base + C::kABytes + C::kBBytes);
-            const int32_t* sz =
-                reinterpret_cast<const int32_t*>(base + C::kABytes + C::kBBytes + C::kSBytes);
-            set_group(ss + r * C::kBlockN, C::kZeros ? sz + r * (C::kBlockN / 8) : nullptr);
+            uint32_t sp[4];
+            ldmatrix_x4_trans(sp, ss + r * C::kBlockN + s_lane);
+#pragma unroll
+            for (int q = 0; q < 4; ++q) spair[q] = as_t2<T2>(sp[q]);
+            if constexpr (C::kZeros) {
+              const int32_t* sz =
+                  reinterpret_cast<const int32_t*>(base + C::kABytes + C::kBBytes + C::kSBytes);
+              set_zeros(sz + r * (C::kBlockN / 8) + warp_n * (kTileN / 8));
+            }
           }
         }
         // This step's fragments were fetched during the previous step; fetch the next step's now,
@@ -557,7 +584,8 @@ __global__ void __launch_bounds__(32 * kMWarps * kNWarps * kKWarps)
           for (int j = 0; j < 4; ++j) {
             const int tile = 2 * w + (j & 1);
             const T2 v = as_t2<T2>(lop3_and_or(words[w] >> (4 * j), 0x000f000fu, Tr::kMagic));
-            b[j] = as_u32(__hmul2(__hsub2(v, sub2[tile]), scale2[tile]));
+            const T2 s = (j & 1) ? Tr::highs(spair[w]) : Tr::lows(spair[w]);
+            b[j] = as_u32(__hmul2(__hsub2(v, as_t2<T2>(zsub[tile])), s));
           }
 #pragma unroll
           for (int mi = 0; mi < kMTiles; ++mi) {

@@ -148,6 +148,31 @@ def test_dequant_magic_numbers(dtype, magic_bits, magic):
         assert torch.equal((value - sub).float(), code.float() - zero)
 
 
+def test_scale_pairs_ldmatrix_trans():
+    # The grouped kernels load a warp's 8 scales (column 8j + g of its 64, j = 0..7) with one
+    # ldmatrix.x4.trans from the block's scale row: lane l gives the address of row
+    # 2 (l // 8) + (l & 1) of the 8 x 8 matrix [j][g] (s_lane in marlin_gemm.cuh); .trans gives
+    # lane (g, t) of matrix i its stored rows 2t and 2t + 1 at column g. Register i must be
+    # {s(2i), s(2i + 1)} of column g; the zero points (set_zeros) are nibble g of word j.
+    block_n = 256
+    scales = torch.randn(block_n)
+    zero_codes = torch.randint(0, 16, (1, block_n), dtype=torch.int32)
+    zero_words = marlin.pack_plain(zero_codes).view(-1)
+    for warp_n in range(block_n // 64):
+        addresses = [warp_n * 64 + (2 * (lane // 8) + (lane & 1)) * 8 for lane in range(32)]
+        for lane in range(32):
+            g, t = lane // 4, lane % 4
+            for i in range(4):
+                rows = [addresses[8 * i + r] for r in range(8)]  # matrix i's stored rows
+                pair = (scales[rows[2 * t] + g], scales[rows[2 * t + 1] + g])
+                base = warp_n * 64
+                assert pair == (scales[base + 16 * i + g], scales[base + 16 * i + 8 + g])
+            zrow = zero_words[warp_n * 8 : warp_n * 8 + 8]
+            for j in range(8):
+                zero = (int(zrow[j]) >> (4 * g)) & 0xF
+                assert zero == int(zero_codes[0, warp_n * 64 + 8 * j + g])
+
+
 def test_awq_zero_points(device):
     codes = random_codes(3, 192, device)
     plain = marlin.awq_zeros_to_marlin(marlin.pack_awq(codes))
