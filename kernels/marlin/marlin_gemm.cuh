@@ -12,7 +12,8 @@
 //    and, for grouped scales, the <= 2 scale/zero rows the slice touches;
 //  - per 16-deep k step a warp loads A fragments with ldmatrix.x4 and one 16-byte weight vector
 //    per lane (one step ahead, in a register double buffer), dequantizes it in registers
-//    ((code | magic) - (magic + zero)) * scale, and issues MT x 8 mma.sync.m16n8k16 with fp32
+//    ((code | magic) - (magic + zero)) * scale (fp16 takes every other code from bits 4..7 with
+//    an HFMA2 by 1/16 instead of a shift), and issues MT x 8 mma.sync.m16n8k16 with fp32
 //    accumulators;
 //  - work partition: the blocks of a row of blocks (blockIdx.y) share its (column tile, k slice)
 //    units in equal contiguous ranges, tile-major: one block per tile, split-K (a tile's k slices
@@ -48,6 +49,12 @@ template <>
 struct Traits<__half> {
   using T2 = __half2;
   static constexpr uint32_t kMagic = 0x64006400u;  // two fp16 1024.0: 1024 + code is exact
+  /// A code in bits 4..7 of a half: kMagic | code << 4 is 1024 + 16 code (exact), and one HFMA2
+  /// by 1/16 (kSixteenth) plus -(64 + zero) gives code - zero exactly. -(64 + zero) is
+  /// kHighBias | zero << 4 (two fp16 -64.0, whose mantissa steps are 1/16 of 64).
+  static constexpr bool kHighNibbleFma = true;
+  static constexpr uint32_t kSixteenth = 0x2c002c00u;  // two fp16 0.0625
+  static constexpr uint32_t kHighBias = 0xd400d400u;   // two fp16 -64.0
   __device__ static T2 lows(T2 x) { return __low2half2(x); }
   __device__ static T2 highs(T2 x) { return __high2half2(x); }
   __device__ static float to_float(__half x) { return __half2float(x); }
@@ -58,6 +65,9 @@ template <>
 struct Traits<__nv_bfloat16> {
   using T2 = __nv_bfloat162;
   static constexpr uint32_t kMagic = 0x43004300u;  // two bf16 128.0: 128 + code is exact
+  /// bf16's 7 mantissa bits cannot hold 16 code: every code is shifted down to bits 0..3.
+  static constexpr bool kHighNibbleFma = false;
+  static constexpr uint32_t kSixteenth = 0, kHighBias = 0;
   __device__ static T2 lows(T2 x) { return __low2bfloat162(x); }
   __device__ static T2 highs(T2 x) { return __high2bfloat162(x); }
   __device__ static float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
@@ -477,20 +487,25 @@ __global__ void __launch_bounds__(32 * kMWarps * kNWarps * kKWarps)
     // 8j + g of the warp's 64). The scales as pairs, spair[i] = {s(2i), s(2i + 1)}: the
     // dequantization multiplies by spair's low or high lane broadcast (Traits lows / highs),
     // which the HMUL2's operand selects, so 4 registers hold the 8 scales and the grouped
-    // kernels load them with one ldmatrix. zsub[j] = {magic + zero(j), same}, the value a code
-    // of sub-tile j dequantizes from: magic + code - zsub[j] = code - zero, exactly.
+    // kernels load them with one ldmatrix. zsub[j], the pair that removes the magic and the
+    // zero point from sub-tile j's codes: {magic + zero, same} (magic + code - zsub[j] = code -
+    // zero exactly), but for fp16's odd sub-tiles, whose codes are dequantized from bits 4..7
+    // (Traits kHighNibbleFma), {-(64 + zero), same}.
+    auto zero_pair = [](int j, uint32_t zero) {
+      return Tr::kHighNibbleFma && (j & 1) != 0 ? zero * 0x100010u + Tr::kHighBias
+                                                : zero * 0x10001u + Tr::kMagic;
+    };
     T2 spair[4];
     uint32_t zsub[8];
 #pragma unroll
-    for (int j = 0; j < 8; ++j) zsub[j] = Tr::kMagic + 8u * 0x10001u;  // uint4b8: zero 8
+    for (int j = 0; j < 8; ++j) zsub[j] = zero_pair(j, 8);  // uint4b8: zero 8
     // The zero points of the warp's columns: nibble g of the 8 words at zrow (plain order,
-    // word j holds the columns 8j..8j+7 of the warp's 64), as magic + zero pairs: an integer
-    // multiply-add sets both lanes' mantissa bits below the magic's exponent.
+    // word j holds the columns 8j..8j+7 of the warp's 64); an integer multiply-add sets both
+    // lanes' mantissa bits (zero_pair).
     auto set_zeros = [&](const int32_t* zrow) {
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        const uint32_t zero = (static_cast<uint32_t>(zrow[j]) >> (4 * g)) & 0xfu;
-        zsub[j] = zero * 0x10001u + Tr::kMagic;
+        zsub[j] = zero_pair(j, (static_cast<uint32_t>(zrow[j]) >> (4 * g)) & 0xfu);
       }
     };
     // Lane l's row of the 8 x 8 matrix of the warp's scales (row j: sub-tile j's 8 columns, 16
@@ -578,14 +593,30 @@ __global__ void __launch_bounds__(32 * kMWarps * kNWarps * kKWarps)
 #pragma unroll
         for (int w = 0; w < 4; ++w) {
           // Nibble pairs (j, j + 4) for j = 0..3: b01 of sub-tile 2w, b01 of 2w+1, b23 of 2w,
-          // b23 of 2w+1 (marlin.h).
+          // b23 of 2w+1 (marlin.h). bf16: each pair shifted to bits 0..3 and 16..19, ORed into
+          // the magic's mantissa, minus magic + zero. fp16: only pairs 2 and 3 are shifted (by
+          // 8); pairs 1 and 3 are taken in bits 4..7 and 20..23 and scaled down by the HFMA2
+          // that removes the bias (Traits kHighNibbleFma).
           uint32_t b[4];
 #pragma unroll
           for (int j = 0; j < 4; ++j) {
             const int tile = 2 * w + (j & 1);
-            const T2 v = as_t2<T2>(lop3_and_or(words[w] >> (4 * j), 0x000f000fu, Tr::kMagic));
+            T2 v;
+            if constexpr (Tr::kHighNibbleFma) {
+              const uint32_t src = j < 2 ? words[w] : words[w] >> 8;
+              if (j & 1) {
+                v = __hfma2(as_t2<T2>(lop3_and_or(src, 0x00f000f0u, Tr::kMagic)),
+                            as_t2<T2>(Tr::kSixteenth), as_t2<T2>(zsub[tile]));
+              } else {
+                v = __hsub2(as_t2<T2>(lop3_and_or(src, 0x000f000fu, Tr::kMagic)),
+                            as_t2<T2>(zsub[tile]));
+              }
+            } else {
+              v = __hsub2(as_t2<T2>(lop3_and_or(words[w] >> (4 * j), 0x000f000fu, Tr::kMagic)),
+                          as_t2<T2>(zsub[tile]));
+            }
             const T2 s = (j & 1) ? Tr::highs(spair[w]) : Tr::lows(spair[w]);
-            b[j] = as_u32(__hmul2(__hsub2(v, as_t2<T2>(zsub[tile])), s));
+            b[j] = as_u32(__hmul2(v, s));
           }
 #pragma unroll
           for (int mi = 0; mi < kMTiles; ++mi) {
