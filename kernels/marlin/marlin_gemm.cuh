@@ -111,6 +111,21 @@ __device__ __forceinline__ void cp_async16_hint(void* dst, const void* src, bool
       : "memory");
 }
 
+/// 16-byte global->shared copy with an L2 cache policy, all 16 bytes read (the caller predicates
+/// it rather than zero-filling).
+__device__ __forceinline__ void cp_async16_full(void* dst, const void* src, uint64_t policy,
+                                                bool hint) {
+  if (hint) {
+    asm volatile(
+        "cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)),
+        "l"(src), "l"(policy)
+        : "memory");
+  } else {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src)
+                 : "memory");
+  }
+}
+
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
@@ -287,13 +302,20 @@ struct Config {
   static constexpr int kSmemBytes =
       kStages * kStageBytes > kReduceBytes ? kStages * kStageBytes : kReduceBytes;
   static_assert(kSmemBytes <= kSmemBudget, "a block shape's pipeline must fit every target arch");
+  /// Resident blocks per SM that ptxas plans registers for (__launch_bounds__): 3 for the 4-warp
+  /// blocks of 16 and 32 rows (at most 170 registers), which shared memory allows 3 per SM on
+  /// sm_90. Without it ptxas 13.0 gave the bf16 uint4b8 decode block 96 registers and a spill,
+  /// and the 32-row blocks 187-208 registers (2 per SM).
+  static constexpr int kMinBlocks = kThreads == 128 && kBlockM <= 32 ? 3 : 1;
   static_assert(kABytes % 16 == 0 && kBBytes % 16 == 0 && kSBytes % 16 == 0 && kZBytes % 16 == 0,
                 "stage parts must stay 16-byte aligned");
 };
 
 template <typename T, WeightType kWeight, bool kGrouped, int kMTiles, int kMWarps, int kNWarps,
           int kKWarps>
-__global__ void __launch_bounds__(32 * kMWarps * kNWarps * kKWarps)
+__global__ void __launch_bounds__(
+    Config<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps, kKWarps>::kThreads,
+    Config<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps, kKWarps>::kMinBlocks)
     gemm_kernel(const GemmProblem p, const FastDiv group_div) {
   using C = Config<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps, kKWarps>;
   using Tr = Traits<T>;
@@ -425,7 +447,13 @@ __global__ void __launch_bounds__(32 * kMWarps * kNWarps * kKWarps)
         p.b + b_kk0 * 2 * p.n + static_cast<int64_t>(col_block) * kNWarps * kTileWords + b_rem * 4;
     const int64_t b_tile_stride = 2 * p.n;  // int32 words from one k-tile to the next
 
-    // Issues the copies of k slice `stage` into pipeline slot `slot`.
+    // The copy sources of the next slice to load: load_stage is called for the slices
+    // stage_begin, stage_begin + 1, ... in order and walks them on by one slice, so that a stage
+    // adds a constant to two pointers instead of recomputing the 64-bit addresses.
+    const T* a_src = a_thread + stage_begin * kBlockK;
+    const int32_t* b_src = b_thread + static_cast<int64_t>(stage_begin) * kKSteps * b_tile_stride;
+
+    // Issues the copies of k slice `stage` (the next in order) into pipeline slot `slot`.
     auto load_stage = [&](int stage, int slot) {
       unsigned char* base = stage_ptr(slot);
       const int k_base = stage * kBlockK;
@@ -433,30 +461,32 @@ __global__ void __launch_bounds__(32 * kMWarps * kNWarps * kKWarps)
       // not needed by any stored output (mma rows are independent), so they are skipped; columns
       // past K must read as zero.
       const bool a_k_valid = k_base + a_chunk * 8 < k_total;
-      const T* a_stage = a_thread + k_base;
 #pragma unroll
       for (int i = 0; i < kACopies; ++i) {
         if (a_tid_valid) {
           if (a_row_valid & (1u << i)) {
             cp_async16(base + a_smem + i * kARowsPerRound * kBlockK * static_cast<int>(sizeof(T)),
-                       a_k_valid ? a_stage + i * a_round_stride : a, a_k_valid);
+                       a_k_valid ? a_src + i * a_round_stride : a, a_k_valid);
           }
         }
       }
-      // B (the per-thread layout above). Only a stage past the last k-tile (K not a multiple of
-      // kBlockK) has invalid rows.
+      a_src += kBlockK;
+      // B (the per-thread layout above): one pointer walked by a k-tile round per copy. Only a
+      // stage past the last k-tile (K not a multiple of kBlockK) has rows past K, and only a
+      // tile past N (never stored) has invalid columns: their copies are skipped, not
+      // zero-filled. Whatever a skipped chunk's shared memory holds dequantizes to finite
+      // values (any nibble is a code), which meet zero activations (k past K) or feed columns
+      // that are not stored.
       unsigned char* sb = base + C::kABytes;
-      const int32_t* b_stage = b_thread + static_cast<int64_t>(stage) * kKSteps * b_tile_stride;
+      const int32_t* src = b_src;
+      b_src += kKSteps * b_tile_stride;
+      const int b_rows_left = b_col_valid ? k_tiles_total - stage * kKSteps - b_kk0 : 0;
 #pragma unroll
       for (int i = 0; i < kBCopies; ++i) {
-        const bool valid = b_col_valid && stage * kKSteps + b_kk0 + i * kBRows < k_tiles_total;
-        const int32_t* src = valid ? b_stage + i * kBRows * b_tile_stride : p.b;
-        unsigned char* dst = sb + (tid + i * C::kThreads) * 16;
-        if constexpr (C::kBlockM <= 16) {
-          cp_async16_hint(dst, src, valid, policy);
-        } else {
-          cp_async16(dst, src, valid);
+        if (i * kBRows < b_rows_left) {
+          cp_async16_full(sb + (tid + i * C::kThreads) * 16, src, policy, C::kBlockM <= 16);
         }
+        src += kBRows * b_tile_stride;
       }
       if constexpr (kGrouped) {
         const int r0 = static_cast<int>(group_div.div(k_base));
