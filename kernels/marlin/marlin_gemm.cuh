@@ -400,7 +400,7 @@ __global__ void __launch_bounds__(
     const T* a = static_cast<const T*>(p.a);
     const T* scales = static_cast<const T*>(p.scales);
 
-    auto stage_ptr = [&](int slot) { return smem + slot * C::kStageBytes; };
+    // Pipeline slots are addressed by their byte offset in smem (slot * kStageBytes).
     // The 16-row (decode) blocks copy the weights with an L2 policy: evict first where there is
     // one row block, since nothing reads this block's weight tiles again. Taller blocks copy
     // without one: they have no registers to spare, and in the 32-row grouped kernels ptxas 13.0
@@ -453,9 +453,10 @@ __global__ void __launch_bounds__(
     const T* a_src = a_thread + stage_begin * kBlockK;
     const int32_t* b_src = b_thread + static_cast<int64_t>(stage_begin) * kKSteps * b_tile_stride;
 
-    // Issues the copies of k slice `stage` (the next in order) into pipeline slot `slot`.
-    auto load_stage = [&](int stage, int slot) {
-      unsigned char* base = stage_ptr(slot);
+    // Issues the copies of k slice `stage` (the next in order) into the pipeline slot at byte
+    // offset `slot_off`.
+    auto load_stage = [&](int stage, int slot_off) {
+      unsigned char* base = smem + slot_off;
       const int k_base = stage * kBlockK;
       // A: kBlockM rows x 8 chunks of 8 elements (the per-thread layout above). Rows past M are
       // not needed by any stored output (mma rows are independent), so they are skipped; columns
@@ -566,18 +567,30 @@ __global__ void __launch_bounds__(
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
 
-    auto compute_stage = [&](int slot, int stage) {
-      const unsigned char* base = stage_ptr(slot);
+    auto compute_stage = [&](int slot_off, int stage) {
+      const unsigned char* base = smem + slot_off;
       const T* sa = reinterpret_cast<const T*>(base);
       const int4* sb = reinterpret_cast<const int4*>(base + C::kABytes);
       // The slice's k steps fall in at most two groups (group_size >= 32, a multiple of 16): row
-      // 0 or 1 of the slice's scales, found from the first step's offset in its group (one
-      // FastDiv per slice).
-      const int offset_in_group =
-          kGrouped
-              ? stage * kKSteps - static_cast<int>(group_div.div(stage * kBlockK)) * group_tiles
-              : 0;
-      int current_row = -1;
+      // 0 of the slice's scales up to k step `boundary` (>= 1), row 1 from there on (when
+      // boundary < kKSteps), found from the first step's offset in its group (one FastDiv per
+      // slice). A warp loads its first step's row, and reloads only at the boundary.
+      const int boundary =
+          kGrouped ? group_tiles - (stage * kKSteps -
+                                    static_cast<int>(group_div.div(stage * kBlockK)) * group_tiles)
+                   : kKSteps;
+      auto load_group = [&](int r) {
+        const T* ss = reinterpret_cast<const T*>(base + C::kABytes + C::kBBytes);
+        uint32_t sp[4];
+        ldmatrix_x4_trans(sp, ss + r * C::kBlockN + s_lane);
+#pragma unroll
+        for (int q = 0; q < 4; ++q) spair[q] = as_t2<T2>(sp[q]);
+        if constexpr (C::kZeros) {
+          const int32_t* sz =
+              reinterpret_cast<const int32_t*>(base + C::kABytes + C::kBBytes + C::kSBytes);
+          set_zeros(sz + r * (C::kBlockN / 8) + warp_n * (kTileN / 8));
+        }
+      };
       // Register double buffer of the A fragments and the packed weight vector per k step.
       uint32_t af[2][kMTiles][4];
       int4 bq[2];
@@ -598,19 +611,10 @@ __global__ void __launch_bounds__(
       for (int i = 0; i < C::kWarpKSteps; ++i) {
         const int kk = kk0 + i;
         if constexpr (kGrouped) {
-          const int r = offset_in_group + kk >= group_tiles ? 1 : 0;
-          if (r != current_row) {  // uniform over the warp
-            current_row = r;
-            const T* ss = reinterpret_cast<const T*>(base + C::kABytes + C::kBBytes);
-            uint32_t sp[4];
-            ldmatrix_x4_trans(sp, ss + r * C::kBlockN + s_lane);
-#pragma unroll
-            for (int q = 0; q < 4; ++q) spair[q] = as_t2<T2>(sp[q]);
-            if constexpr (C::kZeros) {
-              const int32_t* sz =
-                  reinterpret_cast<const int32_t*>(base + C::kABytes + C::kBBytes + C::kSBytes);
-              set_zeros(sz + r * (C::kBlockN / 8) + warp_n * (kTileN / 8));
-            }
+          if (i == 0) {
+            load_group(kk >= boundary ? 1 : 0);
+          } else if (kk == boundary) {  // uniform over the block
+            load_group(1);
           }
         }
         // This step's fragments were fetched during the previous step; fetch the next step's now,
@@ -660,16 +664,22 @@ __global__ void __launch_bounds__(
     // The pipeline: C::kStages - 1 slices in flight while one is computed.
 #pragma unroll
     for (int s = 0; s < C::kStages - 1; ++s) {
-      if (s < n_iters) load_stage(stage_begin + s, s);
+      if (s < n_iters) load_stage(stage_begin + s, s * C::kStageBytes);
       cp_async_commit();
     }
+    // Slice `it` is in slot it % kStages and slice it + kStages - 1 goes to slot (it - 1) %
+    // kStages: byte offsets kept as a counter instead of a division per stage.
+    int compute_off = 0;
     for (int it = 0; it < n_iters; ++it) {
       cp_async_wait<C::kStages - 2>();
       __syncthreads();  // slice `it` is visible to all, and slot (it - 1) % C::kStages is free
-      const int next = it + C::kStages - 1;
-      if (next < n_iters) load_stage(stage_begin + next, next % C::kStages);
+      const int load_off =
+          compute_off == 0 ? (C::kStages - 1) * C::kStageBytes : compute_off - C::kStageBytes;
+      if (it + C::kStages - 1 < n_iters) load_stage(stage_begin + it + C::kStages - 1, load_off);
       cp_async_commit();
-      compute_stage(it % C::kStages, stage_begin + it);
+      compute_stage(compute_off, stage_begin + it);
+      compute_off += C::kStageBytes;
+      if (compute_off == C::kStages * C::kStageBytes) compute_off = 0;
     }
     cp_async_wait<0>();
 
