@@ -12,7 +12,8 @@
 // are, in order, the registers b{0,1} of sub-tile 2w, b{0,1} of 2w+1, b{2,3} of 2w and b{2,3}
 // of 2w+1 of the m16n8k16 B fragment (PTX ISA: b0,b1 at k = 2t, 2t+1; b2,b3 at k = 2t+8, 2t+9;
 // column g), low half first. One 16-byte load per lane per k16 step thus feeds 8 n8 MMAs, and
-// dequantization is a mask, an OR with a magic exponent, and one subtract per register pair.
+// dequantization is a mask, an OR with a magic exponent, and one subtract per register pair
+// (plus a shift for some pairs: marlin_gemm.cuh).
 // Tiles are stored k-tile major: the packed tensor is int32 [K / 16, 2 * N] where row kt holds
 // the N / 64 tiles of that k-tile in n order (the same shape as vLLM's Marlin layout, not the
 // same content).

@@ -12,7 +12,8 @@
 //    and, for grouped scales, the <= 2 scale/zero rows the slice touches;
 //  - per 16-deep k step a warp loads A fragments with ldmatrix.x4 and one 16-byte weight vector
 //    per lane (one step ahead, in a register double buffer), dequantizes it in registers
-//    ((code | magic) - (magic + zero)) * scale, and issues MT x 8 mma.sync.m16n8k16 with fp32
+//    ((code | magic) - (magic + zero)) * scale (fp16 takes every other code from bits 4..7 with
+//    an HFMA2 by 1/16 instead of a shift), and issues MT x 8 mma.sync.m16n8k16 with fp32
 //    accumulators;
 //  - work partition: the blocks of a row of blocks (blockIdx.y) share its (column tile, k slice)
 //    units in equal contiguous ranges, tile-major: one block per tile, split-K (a tile's k slices
@@ -48,8 +49,14 @@ template <>
 struct Traits<__half> {
   using T2 = __half2;
   static constexpr uint32_t kMagic = 0x64006400u;  // two fp16 1024.0: 1024 + code is exact
-  static constexpr float kMagicValue = 1024.f;
-  __device__ static T2 pair(float lo, float hi) { return __floats2half2_rn(lo, hi); }
+  /// A code in bits 4..7 of a half: kMagic | code << 4 is 1024 + 16 code (exact), and one HFMA2
+  /// by 1/16 (kSixteenth) plus -(64 + zero) gives code - zero exactly. -(64 + zero) is
+  /// kHighBias | zero << 4 (two fp16 -64.0, whose mantissa steps are 1/16 of 64).
+  static constexpr bool kHighNibbleFma = true;
+  static constexpr uint32_t kSixteenth = 0x2c002c00u;  // two fp16 0.0625
+  static constexpr uint32_t kHighBias = 0xd400d400u;   // two fp16 -64.0
+  __device__ static T2 lows(T2 x) { return __low2half2(x); }
+  __device__ static T2 highs(T2 x) { return __high2half2(x); }
   __device__ static float to_float(__half x) { return __half2float(x); }
   __device__ static T2 float2_to(float lo, float hi) { return __floats2half2_rn(lo, hi); }
 };
@@ -58,8 +65,11 @@ template <>
 struct Traits<__nv_bfloat16> {
   using T2 = __nv_bfloat162;
   static constexpr uint32_t kMagic = 0x43004300u;  // two bf16 128.0: 128 + code is exact
-  static constexpr float kMagicValue = 128.f;
-  __device__ static T2 pair(float lo, float hi) { return __floats2bfloat162_rn(lo, hi); }
+  /// bf16's 7 mantissa bits cannot hold 16 code: every code is shifted down to bits 0..3.
+  static constexpr bool kHighNibbleFma = false;
+  static constexpr uint32_t kSixteenth = 0, kHighBias = 0;
+  __device__ static T2 lows(T2 x) { return __low2bfloat162(x); }
+  __device__ static T2 highs(T2 x) { return __high2bfloat162(x); }
   __device__ static float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
   __device__ static T2 float2_to(float lo, float hi) { return __floats2bfloat162_rn(lo, hi); }
 };
@@ -101,6 +111,21 @@ __device__ __forceinline__ void cp_async16_hint(void* dst, const void* src, bool
       : "memory");
 }
 
+/// 16-byte global->shared copy with an L2 cache policy, all 16 bytes read (the caller predicates
+/// it rather than zero-filling).
+__device__ __forceinline__ void cp_async16_full(void* dst, const void* src, uint64_t policy,
+                                                bool hint) {
+  if (hint) {
+    asm volatile(
+        "cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)),
+        "l"(src), "l"(policy)
+        : "memory");
+  } else {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src)
+                 : "memory");
+  }
+}
+
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
@@ -112,6 +137,15 @@ __device__ __forceinline__ void cp_async_wait() {
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p))
+               : "memory");
+}
+
+/// ldmatrix_x4 with .trans: lane l gets rows 2 (l % 4) and 2 (l % 4) + 1 of column l / 4 of each
+/// of the four 8 x 8 matrices (whose 8 row addresses lanes 8i..8i+7 give).
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(smem_addr(p))
                : "memory");
@@ -187,6 +221,30 @@ struct Partition {
   }
 };
 
+/// Division of 31-bit numerators by a run-time divisor d >= 2 as a multiply-high and a shift
+/// (Granlund and Montgomery, "Division by invariant integers using multiplication", thm. 4.2):
+/// with l = ceil(log2 d) and mul = ceil(2^(31 + l) / d) < 2^32, mul * d - 2^(31 + l) < d <= 2^l,
+/// so x / d == (x * mul) >> (31 + l) for every 0 <= x < 2^31. The kernel divides by the group
+/// size this way: two instructions instead of an integer division's ~25.
+struct FastDiv {
+  uint32_t mul = 0;
+  uint32_t shift = 0;  ///< l - 1: the multiply-high already drops 32 of the 31 + l bits
+  FastDiv() = default;
+  explicit FastDiv(uint32_t d) {
+    uint32_t l = 1;
+    while ((uint64_t{1} << l) < d) ++l;
+    mul = static_cast<uint32_t>(((uint64_t{1} << (31 + l)) + d - 1) / d);
+    shift = l - 1;
+  }
+  __host__ __device__ uint32_t div(uint32_t x) const {
+#if defined(__CUDA_ARCH__)
+    return __umulhi(x, mul) >> shift;
+#else
+    return static_cast<uint32_t>((static_cast<uint64_t>(x) * mul) >> 32) >> shift;
+#endif
+  }
+};
+
 /// One segment of a block's range of units (gemm_kernel): a k range of one column tile.
 struct Segment {
   int col_block;    ///< the tile's column block; -1 once the range is done
@@ -244,14 +302,21 @@ struct Config {
   static constexpr int kSmemBytes =
       kStages * kStageBytes > kReduceBytes ? kStages * kStageBytes : kReduceBytes;
   static_assert(kSmemBytes <= kSmemBudget, "a block shape's pipeline must fit every target arch");
+  /// Resident blocks per SM that ptxas plans registers for (__launch_bounds__): 3 for the 4-warp
+  /// blocks of 16 and 32 rows (at most 170 registers), which shared memory allows 3 per SM on
+  /// sm_90. Without it ptxas 13.0 gave the bf16 uint4b8 decode block 96 registers and a spill,
+  /// and the 32-row blocks 187-208 registers (2 per SM).
+  static constexpr int kMinBlocks = kThreads == 128 && kBlockM <= 32 ? 3 : 1;
   static_assert(kABytes % 16 == 0 && kBBytes % 16 == 0 && kSBytes % 16 == 0 && kZBytes % 16 == 0,
                 "stage parts must stay 16-byte aligned");
 };
 
 template <typename T, WeightType kWeight, bool kGrouped, int kMTiles, int kMWarps, int kNWarps,
           int kKWarps>
-__global__ void __launch_bounds__(32 * kMWarps * kNWarps * kKWarps)
-    gemm_kernel(const GemmProblem p) {
+__global__ void __launch_bounds__(
+    Config<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps, kKWarps>::kThreads,
+    Config<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps, kKWarps>::kMinBlocks)
+    gemm_kernel(const GemmProblem p, const FastDiv group_div) {
   using C = Config<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps, kKWarps>;
   using Tr = Traits<T>;
   using T2 = typename Tr::T2;
@@ -326,14 +391,16 @@ __global__ void __launch_bounds__(32 * kMWarps * kNWarps * kKWarps)
     const int k_total = static_cast<int>(p.k);
     const int k_tiles_total = k_total / kTileK;
     const int num_stages = (k_total + kBlockK - 1) / kBlockK;
+    // Grouped kernels divide by the group size (>= 32) through group_div (FastDiv: a
+    // multiply-high and a shift): k slice `stage` starts in group group_div.div(stage * kBlockK).
     const int group_size = static_cast<int>(p.group_size);
-    const int num_groups = k_total / group_size;
+    const int num_groups = kGrouped ? static_cast<int>(group_div.div(k_total)) : 1;
     const int group_tiles = group_size / kTileK;  // k steps per group
 
     const T* a = static_cast<const T*>(p.a);
     const T* scales = static_cast<const T*>(p.scales);
 
-    auto stage_ptr = [&](int slot) { return smem + slot * C::kStageBytes; };
+    // Pipeline slots are addressed by their byte offset in smem (slot * kStageBytes).
     // The 16-row (decode) blocks copy the weights with an L2 policy: evict first where there is
     // one row block, since nothing reads this block's weight tiles again. Taller blocks copy
     // without one: they have no registers to spare, and in the 32-row grouped kernels ptxas 13.0
@@ -380,41 +447,50 @@ __global__ void __launch_bounds__(32 * kMWarps * kNWarps * kKWarps)
         p.b + b_kk0 * 2 * p.n + static_cast<int64_t>(col_block) * kNWarps * kTileWords + b_rem * 4;
     const int64_t b_tile_stride = 2 * p.n;  // int32 words from one k-tile to the next
 
-    // Issues the copies of k slice `stage` into pipeline slot `slot`.
-    auto load_stage = [&](int stage, int slot) {
-      unsigned char* base = stage_ptr(slot);
+    // The copy sources of the next slice to load: load_stage is called for the slices
+    // stage_begin, stage_begin + 1, ... in order and walks them on by one slice, so that a stage
+    // adds a constant to two pointers instead of recomputing the 64-bit addresses.
+    const T* a_src = a_thread + stage_begin * kBlockK;
+    const int32_t* b_src = b_thread + static_cast<int64_t>(stage_begin) * kKSteps * b_tile_stride;
+
+    // Issues the copies of k slice `stage` (the next in order) into the pipeline slot at byte
+    // offset `slot_off`.
+    auto load_stage = [&](int stage, int slot_off) {
+      unsigned char* base = smem + slot_off;
       const int k_base = stage * kBlockK;
       // A: kBlockM rows x 8 chunks of 8 elements (the per-thread layout above). Rows past M are
       // not needed by any stored output (mma rows are independent), so they are skipped; columns
       // past K must read as zero.
       const bool a_k_valid = k_base + a_chunk * 8 < k_total;
-      const T* a_stage = a_thread + k_base;
 #pragma unroll
       for (int i = 0; i < kACopies; ++i) {
         if (a_tid_valid) {
           if (a_row_valid & (1u << i)) {
             cp_async16(base + a_smem + i * kARowsPerRound * kBlockK * static_cast<int>(sizeof(T)),
-                       a_k_valid ? a_stage + i * a_round_stride : a, a_k_valid);
+                       a_k_valid ? a_src + i * a_round_stride : a, a_k_valid);
           }
         }
       }
-      // B (the per-thread layout above). Only a stage past the last k-tile (K not a multiple of
-      // kBlockK) has invalid rows.
+      a_src += kBlockK;
+      // B (the per-thread layout above): one pointer walked by a k-tile round per copy. Only a
+      // stage past the last k-tile (K not a multiple of kBlockK) has rows past K, and only a
+      // tile past N (never stored) has invalid columns: their copies are skipped, not
+      // zero-filled. Whatever a skipped chunk's shared memory holds dequantizes to finite
+      // values (any nibble is a code), which meet zero activations (k past K) or feed columns
+      // that are not stored.
       unsigned char* sb = base + C::kABytes;
-      const int32_t* b_stage = b_thread + static_cast<int64_t>(stage) * kKSteps * b_tile_stride;
+      const int32_t* src = b_src;
+      b_src += kKSteps * b_tile_stride;
+      const int b_rows_left = b_col_valid ? k_tiles_total - stage * kKSteps - b_kk0 : 0;
 #pragma unroll
       for (int i = 0; i < kBCopies; ++i) {
-        const bool valid = b_col_valid && stage * kKSteps + b_kk0 + i * kBRows < k_tiles_total;
-        const int32_t* src = valid ? b_stage + i * kBRows * b_tile_stride : p.b;
-        unsigned char* dst = sb + (tid + i * C::kThreads) * 16;
-        if constexpr (C::kBlockM <= 16) {
-          cp_async16_hint(dst, src, valid, policy);
-        } else {
-          cp_async16(dst, src, valid);
+        if (i * kBRows < b_rows_left) {
+          cp_async16_full(sb + (tid + i * C::kThreads) * 16, src, policy, C::kBlockM <= 16);
         }
+        src += kBRows * b_tile_stride;
       }
       if constexpr (kGrouped) {
-        const int r0 = k_base / group_size;
+        const int r0 = static_cast<int>(group_div.div(k_base));
         const int r1 = r0 + 1 < num_groups ? r0 + 1 : num_groups - 1;
         T* ss = reinterpret_cast<T*>(base + C::kABytes + C::kBBytes);
         for_chunks<2 * C::kBlockN / 8, C::kThreads>(tid, [&](int c) {
@@ -438,31 +514,48 @@ __global__ void __launch_bounds__(32 * kMWarps * kNWarps * kKWarps)
       }
     };
 
-    // Per-column dequantization constants of the warp's 8 n8 sub-tiles (column 8j + g of the
-    // warp's 64): scale, and magic + zero point, both as pairs.
-    T2 scale2[8], sub2[8];
-    auto set_group = [&](const T* srow, const int32_t* zrow) {
+    // Per-column dequantization constants of the warp's 8 n8 sub-tiles (sub-tile j: column
+    // 8j + g of the warp's 64). The scales as pairs, spair[i] = {s(2i), s(2i + 1)}: the
+    // dequantization multiplies by spair's low or high lane broadcast (Traits lows / highs),
+    // which the HMUL2's operand selects, so 4 registers hold the 8 scales and the grouped
+    // kernels load them with one ldmatrix. zsub[j], the pair that removes the magic and the
+    // zero point from sub-tile j's codes: {magic + zero, same} (magic + code - zsub[j] = code -
+    // zero exactly), but for fp16's odd sub-tiles, whose codes are dequantized from bits 4..7
+    // (Traits kHighNibbleFma), {-(64 + zero), same}.
+    auto zero_pair = [](int j, uint32_t zero) {
+      return Tr::kHighNibbleFma && (j & 1) != 0 ? zero * 0x100010u + Tr::kHighBias
+                                                : zero * 0x10001u + Tr::kMagic;
+    };
+    T2 spair[4];
+    uint32_t zsub[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) zsub[j] = zero_pair(j, 8);  // uint4b8: zero 8
+    // The zero points of the warp's columns: nibble g of the 8 words at zrow (plain order,
+    // word j holds the columns 8j..8j+7 of the warp's 64); an integer multiply-add sets both
+    // lanes' mantissa bits (zero_pair).
+    auto set_zeros = [&](const int32_t* zrow) {
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        const int col = warp_n * kTileN + 8 * j + g;  // within the block
-        const T s = srow[col];
-        scale2[j] = T2{s, s};
-        int zero = 8;
-        if constexpr (C::kZeros) zero = (zrow[col / 8] >> (4 * (col % 8))) & 0xf;
-        const float sub = Tr::kMagicValue + static_cast<float>(zero);
-        sub2[j] = Tr::pair(sub, sub);
+        zsub[j] = zero_pair(j, (static_cast<uint32_t>(zrow[j]) >> (4 * g)) & 0xfu);
       }
     };
+    // Lane l's row of the 8 x 8 matrix of the warp's scales (row j: sub-tile j's 8 columns, 16
+    // bytes) for ldmatrix_x4_trans: matrix i gives lane (g, t) rows 2t and 2t + 1 of column g,
+    // so with row 2i + (r & 1) at its rows r, register i is {s(2i), s(2i + 1)} of column g.
+    const int s_lane = warp_n * kTileN + (2 * (lane / 8) + (lane & 1)) * 8;
 
     if constexpr (!kGrouped) {
-      // One group per channel: the constants never change; read them once from global memory
-      // (offset by the block's first column so set_group's indexing is shared).
+      // One group per channel: the constants never change; read them once from global memory.
       const int64_t col = n0 + warp_n * kTileN;
       if (col < p.n) {
-        set_group(scales + n0, C::kZeros ? p.zeros + n0 / 8 : nullptr);
-      } else {
+        const T* srow = scales + col + g;
 #pragma unroll
-        for (int j = 0; j < 8; ++j) scale2[j] = sub2[j] = Tr::pair(0.f, 0.f);
+        for (int i = 0; i < 4; ++i) spair[i] = T2{srow[16 * i], srow[16 * i + 8]};
+        if constexpr (C::kZeros) set_zeros(p.zeros + col / 8);
+      } else {
+        // Columns past N: never stored; zero scales keep them finite.
+#pragma unroll
+        for (int i = 0; i < 4; ++i) spair[i] = as_t2<T2>(0u);
       }
     }
 
@@ -474,15 +567,30 @@ __global__ void __launch_bounds__(32 * kMWarps * kNWarps * kKWarps)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
 
-    auto compute_stage = [&](int slot, int stage) {
-      const unsigned char* base = stage_ptr(slot);
+    auto compute_stage = [&](int slot_off, int stage) {
+      const unsigned char* base = smem + slot_off;
       const T* sa = reinterpret_cast<const T*>(base);
       const int4* sb = reinterpret_cast<const int4*>(base + C::kABytes);
       // The slice's k steps fall in at most two groups (group_size >= 32, a multiple of 16): row
-      // 0 or 1 of the slice's scales, found from the first step's offset in its group with one
-      // division per slice instead of two 64-bit ones per step.
-      const int offset_in_group = kGrouped ? (stage * kKSteps) % group_tiles : 0;
-      int current_row = -1;
+      // 0 of the slice's scales up to k step `boundary` (>= 1), row 1 from there on (when
+      // boundary < kKSteps), found from the first step's offset in its group (one FastDiv per
+      // slice). A warp loads its first step's row, and reloads only at the boundary.
+      const int boundary =
+          kGrouped ? group_tiles - (stage * kKSteps -
+                                    static_cast<int>(group_div.div(stage * kBlockK)) * group_tiles)
+                   : kKSteps;
+      auto load_group = [&](int r) {
+        const T* ss = reinterpret_cast<const T*>(base + C::kABytes + C::kBBytes);
+        uint32_t sp[4];
+        ldmatrix_x4_trans(sp, ss + r * C::kBlockN + s_lane);
+#pragma unroll
+        for (int q = 0; q < 4; ++q) spair[q] = as_t2<T2>(sp[q]);
+        if constexpr (C::kZeros) {
+          const int32_t* sz =
+              reinterpret_cast<const int32_t*>(base + C::kABytes + C::kBBytes + C::kSBytes);
+          set_zeros(sz + r * (C::kBlockN / 8) + warp_n * (kTileN / 8));
+        }
+      };
       // Register double buffer of the A fragments and the packed weight vector per k step.
       uint32_t af[2][kMTiles][4];
       int4 bq[2];
@@ -503,13 +611,10 @@ __global__ void __launch_bounds__(32 * kMWarps * kNWarps * kKWarps)
       for (int i = 0; i < C::kWarpKSteps; ++i) {
         const int kk = kk0 + i;
         if constexpr (kGrouped) {
-          const int r = offset_in_group + kk >= group_tiles ? 1 : 0;
-          if (r != current_row) {  // uniform over the warp
-            current_row = r;
-            const T* ss = reinterpret_cast<const T*>(base + C::kABytes + C::kBBytes);
-            const int32_t* sz =
-                reinterpret_cast<const int32_t*>(base + C::kABytes + C::kBBytes + C::kSBytes);
-            set_group(ss + r * C::kBlockN, C::kZeros ? sz + r * (C::kBlockN / 8) : nullptr);
+          if (i == 0) {
+            load_group(kk >= boundary ? 1 : 0);
+          } else if (kk == boundary) {  // uniform over the block
+            load_group(1);
           }
         }
         // This step's fragments were fetched during the previous step; fetch the next step's now,
@@ -522,13 +627,30 @@ __global__ void __launch_bounds__(32 * kMWarps * kNWarps * kKWarps)
 #pragma unroll
         for (int w = 0; w < 4; ++w) {
           // Nibble pairs (j, j + 4) for j = 0..3: b01 of sub-tile 2w, b01 of 2w+1, b23 of 2w,
-          // b23 of 2w+1 (marlin.h).
+          // b23 of 2w+1 (marlin.h). bf16: each pair shifted to bits 0..3 and 16..19, ORed into
+          // the magic's mantissa, minus magic + zero. fp16: only pairs 2 and 3 are shifted (by
+          // 8); pairs 1 and 3 are taken in bits 4..7 and 20..23 and scaled down by the HFMA2
+          // that removes the bias (Traits kHighNibbleFma).
           uint32_t b[4];
 #pragma unroll
           for (int j = 0; j < 4; ++j) {
             const int tile = 2 * w + (j & 1);
-            const T2 v = as_t2<T2>(lop3_and_or(words[w] >> (4 * j), 0x000f000fu, Tr::kMagic));
-            b[j] = as_u32(__hmul2(__hsub2(v, sub2[tile]), scale2[tile]));
+            T2 v;
+            if constexpr (Tr::kHighNibbleFma) {
+              const uint32_t src = j < 2 ? words[w] : words[w] >> 8;
+              if (j & 1) {
+                v = __hfma2(as_t2<T2>(lop3_and_or(src, 0x00f000f0u, Tr::kMagic)),
+                            as_t2<T2>(Tr::kSixteenth), as_t2<T2>(zsub[tile]));
+              } else {
+                v = __hsub2(as_t2<T2>(lop3_and_or(src, 0x000f000fu, Tr::kMagic)),
+                            as_t2<T2>(zsub[tile]));
+              }
+            } else {
+              v = __hsub2(as_t2<T2>(lop3_and_or(words[w] >> (4 * j), 0x000f000fu, Tr::kMagic)),
+                          as_t2<T2>(zsub[tile]));
+            }
+            const T2 s = (j & 1) ? Tr::highs(spair[w]) : Tr::lows(spair[w]);
+            b[j] = as_u32(__hmul2(v, s));
           }
 #pragma unroll
           for (int mi = 0; mi < kMTiles; ++mi) {
@@ -542,16 +664,22 @@ __global__ void __launch_bounds__(32 * kMWarps * kNWarps * kKWarps)
     // The pipeline: C::kStages - 1 slices in flight while one is computed.
 #pragma unroll
     for (int s = 0; s < C::kStages - 1; ++s) {
-      if (s < n_iters) load_stage(stage_begin + s, s);
+      if (s < n_iters) load_stage(stage_begin + s, s * C::kStageBytes);
       cp_async_commit();
     }
+    // Slice `it` is in slot it % kStages and slice it + kStages - 1 goes to slot (it - 1) %
+    // kStages: byte offsets kept as a counter instead of a division per stage.
+    int compute_off = 0;
     for (int it = 0; it < n_iters; ++it) {
       cp_async_wait<C::kStages - 2>();
       __syncthreads();  // slice `it` is visible to all, and slot (it - 1) % C::kStages is free
-      const int next = it + C::kStages - 1;
-      if (next < n_iters) load_stage(stage_begin + next, next % C::kStages);
+      const int load_off =
+          compute_off == 0 ? (C::kStages - 1) * C::kStageBytes : compute_off - C::kStageBytes;
+      if (it + C::kStages - 1 < n_iters) load_stage(stage_begin + it + C::kStages - 1, load_off);
       cp_async_commit();
-      compute_stage(it % C::kStages, stage_begin + it);
+      compute_stage(compute_off, stage_begin + it);
+      compute_off += C::kStageBytes;
+      if (compute_off == C::kStages * C::kStageBytes) compute_off = 0;
     }
     cp_async_wait<0>();
 
@@ -708,6 +836,7 @@ gpuError_t launch_gemm_instance(const GemmProblem& p, int workers, gpuStream_t s
   using C = Config<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps, kKWarps>;
   auto kernel = gemm_kernel<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps, kKWarps>;
   if (p.k <= 0 || p.k > (int64_t{1} << 30)) return cudaErrorInvalidValue;  // 32-bit k in the kernel
+  if (kGrouped && (p.group_size < 32 || p.group_size % kTileK != 0)) return cudaErrorInvalidValue;
   const int64_t units = (p.n + C::kBlockN - 1) / C::kBlockN * ((p.k + kBlockK - 1) / kBlockK);
   // Every block needs a unit at least: a tile's count of contributors assumes no empty range.
   // The kernel's partition arithmetic is 32-bit (Partition).
@@ -720,7 +849,9 @@ gpuError_t launch_gemm_instance(const GemmProblem& p, int workers, gpuStream_t s
   if (err != gpuSuccess) return err;
   const dim3 grid(static_cast<unsigned>(workers),
                   static_cast<unsigned>((p.m + C::kBlockM - 1) / C::kBlockM));
-  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
+  // Grouped kernels only divide by the group size (>= 32, the binding checks).
+  const FastDiv group_div(kGrouped ? static_cast<uint32_t>(p.group_size) : 2u);
+  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(p, group_div);
   return gpuGetLastError();
 }
 

@@ -148,6 +148,104 @@ def test_dequant_magic_numbers(dtype, magic_bits, magic):
         assert torch.equal((value - sub).float(), code.float() - zero)
 
 
+# The kernel's per-word dequantization (marlin_gemm.cuh compute_stage, Traits, zero_pair),
+# restated on bit patterns: a half pair is one uint32, low half first.
+DEQUANT_BITS = {
+    # dtype: (magic pair, high-nibble FMA?, 1/16 pair, high bias pair)
+    torch.float16: (0x64006400, True, 0x2C002C00, 0xD400D400),
+    torch.bfloat16: (0x43004300, False, 0, 0),
+}
+
+
+def _halves(words: torch.Tensor, dtype) -> torch.Tensor:
+    """uint32 bit patterns (int64 tensor) -> float64 [..., 2] (low half, high half)."""
+    lanes = torch.stack([words & 0xFFFF, (words >> 16) & 0xFFFF], -1)
+    return lanes.to(torch.int32).to(torch.int16).view(dtype).double()
+
+
+def _round(x: torch.Tensor, dtype) -> torch.Tensor:
+    """One correctly rounded result of an exact float64 value in dtype (fp16 / bf16)."""
+    return x.to(dtype).double()
+
+
+def _zero_pair(j: int, zero: torch.Tensor, dtype) -> torch.Tensor:
+    magic, fma, _, high_bias = DEQUANT_BITS[dtype]
+    if fma and j % 2 == 1:
+        return zero * 0x100010 + high_bias
+    return zero * 0x10001 + magic
+
+
+def _kernel_dequant(words: torch.Tensor, zeros: list, dtype) -> list:
+    """The four register pairs (j = 0..3: nibbles j and j + 4) before the scale, as float64
+    [..., 2], computed as the kernel does; zeros[j % 2] are the zero points of their sub-tile."""
+    magic, fma, sixteenth, _ = DEQUANT_BITS[dtype]
+    out = []
+    for j in range(4):
+        zsub = _halves(_zero_pair(j, zeros[j % 2], dtype), dtype)
+        if fma:
+            src = words if j < 2 else words >> 8
+            mask = 0x00F000F0 if j % 2 else 0x000F000F
+            v = _halves((src & mask) | magic, dtype)
+            if j % 2:  # HFMA2: one rounding of v * 1/16 + zsub
+                out.append(_round(v * _halves(torch.tensor(sixteenth), dtype) + zsub, dtype))
+            else:
+                out.append(_round(v - zsub, dtype))
+        else:
+            v = _halves(((words >> (4 * j)) & 0x000F000F) | magic, dtype)
+            out.append(_round(v - zsub, dtype))
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_dequant_bit_tricks_exact(dtype):
+    # Every 16-bit half word in both lanes, with every zero point: the kernel's registers hold
+    # code - zero exactly for the nibble pairs (j, j + 4), as the plain formula
+    # ((word >> 4j) & 0x000f000f | magic) - (magic + zero) does.
+    low = torch.arange(1 << 16, dtype=torch.int64)
+    high = torch.randperm(1 << 16, generator=torch.Generator().manual_seed(0)).to(torch.int64)
+    words = (low | (high << 16)).view(1, -1)
+    zero_even = torch.arange(16).view(16, 1)  # all zero points at once, [16, 1] x [1, 2^16]
+    zeros = [zero_even, (zero_even * 7 + 3) % 16]
+    regs = _kernel_dequant(words, zeros, dtype)
+    for j in range(4):
+        codes = torch.stack([(words >> (4 * j)) & 0xF, (words >> (4 * (j + 4))) & 0xF], -1)
+        assert torch.equal(regs[j], (codes - zeros[j % 2].unsqueeze(-1)).double()), j
+    # The constants themselves.
+    for zero in range(16):
+        z = torch.tensor(zero)
+        magic_value = 1024.0 if dtype == torch.float16 else 128.0
+        assert _halves(_zero_pair(0, z, dtype), dtype).tolist() == [magic_value + zero] * 2
+        if DEQUANT_BITS[dtype][1]:
+            assert _halves(_zero_pair(1, z, dtype), dtype).tolist() == [-(64.0 + zero)] * 2
+    if dtype == torch.float16:
+        assert _halves(torch.tensor(0x2C002C00), dtype).tolist() == [0.0625] * 2
+
+
+def test_scale_pairs_ldmatrix_trans():
+    # The grouped kernels load a warp's 8 scales (column 8j + g of its 64, j = 0..7) with one
+    # ldmatrix.x4.trans from the block's scale row: lane l gives the address of row
+    # 2 (l // 8) + (l & 1) of the 8 x 8 matrix [j][g] (s_lane in marlin_gemm.cuh); .trans gives
+    # lane (g, t) of matrix i its stored rows 2t and 2t + 1 at column g. Register i must be
+    # {s(2i), s(2i + 1)} of column g; the zero points (set_zeros) are nibble g of word j.
+    block_n = 256
+    scales = torch.randn(block_n)
+    zero_codes = torch.randint(0, 16, (1, block_n), dtype=torch.int32)
+    zero_words = marlin.pack_plain(zero_codes).view(-1)
+    for warp_n in range(block_n // 64):
+        addresses = [warp_n * 64 + (2 * (lane // 8) + (lane & 1)) * 8 for lane in range(32)]
+        for lane in range(32):
+            g, t = lane // 4, lane % 4
+            for i in range(4):
+                rows = [addresses[8 * i + r] for r in range(8)]  # matrix i's stored rows
+                pair = (scales[rows[2 * t] + g], scales[rows[2 * t + 1] + g])
+                base = warp_n * 64
+                assert pair == (scales[base + 16 * i + g], scales[base + 16 * i + 8 + g])
+            zrow = zero_words[warp_n * 8 : warp_n * 8 + 8]
+            for j in range(8):
+                zero = (int(zrow[j]) >> (4 * g)) & 0xF
+                assert zero == int(zero_codes[0, warp_n * 64 + 8 * j + g])
+
+
 def test_awq_zero_points(device):
     codes = random_codes(3, 192, device)
     plain = marlin.awq_zeros_to_marlin(marlin.pack_awq(codes))
