@@ -382,6 +382,17 @@ def test_gemm_groups(device, dtype, weight_type, group_size, act_order, m):
 
 
 @pytest.mark.parametrize("dtype", list(TOL))
+@pytest.mark.parametrize("weight_type", WEIGHT_TYPES)
+@pytest.mark.parametrize("group_size", [48, 96, 144])
+@pytest.mark.parametrize("m", [1, 33])
+def test_gemm_group_not_power_of_two(device, dtype, weight_type, group_size, m):
+    # The kernel finds a k row's group by a multiply-high with launch-time constants: group
+    # sizes other than powers of two (multiples of 16, >= 32) take the same path.
+    require_cuda(device)
+    check_gemm(m, 1152, 320, dtype, weight_type, group_size, False, device)
+
+
+@pytest.mark.parametrize("dtype", list(TOL))
 @pytest.mark.parametrize("m", [1, 16, 64])
 @pytest.mark.parametrize("kn", [(8192, 8192), (8192, 28672), (28672, 8192)])
 def test_gemm_large(device, dtype, m, kn):
