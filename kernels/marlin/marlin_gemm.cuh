@@ -8,7 +8,7 @@
 //  - a 4-stage cp.async pipeline (6 stages for the 16-row decode block, 3 for the 128-row
 //    block, to fit 99 KiB of shared memory) brings, per 64-deep k slice, the activations
 //    (row-major, 16-byte chunks XOR-swizzled by row so ldmatrix is conflict-free), the packed
-//    weight tiles (already in fragment order, see marlin.h; evict-first in L2 where read once)
+//    weight tiles (already in fragment order, see marlin.h)
 //    and, for grouped scales, the <= 2 scale/zero rows the slice touches;
 //  - per 16-deep k step a warp loads A fragments with ldmatrix.x4 and one 16-byte weight vector
 //    per lane (one step ahead, in a register double buffer), dequantizes it in registers
@@ -86,44 +86,14 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool vali
                : "memory");
 }
 
-/// The L2 policy of the weight copies: evict first where a launch reads them once (a single row
-/// block), so that they do not push the activations and the split-K partials (read again soon)
-/// out of L2; else evict normal (as without a hint).
-__device__ __forceinline__ uint64_t weight_policy(bool read_once) {
-  uint64_t policy;
-  asm volatile(
-      "{\n .reg .b64 first, normal;\n .reg .pred p;\n setp.ne.b32 p, %1, 0;\n"
-      " createpolicy.fractional.L2::evict_first.b64 first, 1.0;\n"
-      " createpolicy.fractional.L2::evict_normal.b64 normal, 1.0;\n"
-      " selp.b64 %0, first, normal, p;\n}\n"
-      : "=l"(policy)
-      : "r"(static_cast<int>(read_once)));
-  return policy;
-}
-
-/// cp_async16 with an L2 cache policy (weight_policy).
-__device__ __forceinline__ void cp_async16_hint(void* dst, const void* src, bool valid,
-                                                uint64_t policy) {
-  const int src_bytes = valid ? 16 : 0;
-  asm volatile(
-      "cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(smem_addr(dst)),
-      "l"(src), "r"(src_bytes), "l"(policy)
-      : "memory");
-}
-
-/// 16-byte global->shared copy with an L2 cache policy, all 16 bytes read (the caller predicates
-/// it rather than zero-filling).
-__device__ __forceinline__ void cp_async16_full(void* dst, const void* src, uint64_t policy,
-                                                bool hint) {
-  if (hint) {
-    asm volatile(
-        "cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)),
-        "l"(src), "l"(policy)
-        : "memory");
-  } else {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src)
-                 : "memory");
-  }
+/// 16-byte global->shared copy, all 16 bytes read (the caller predicates it rather than
+/// zero-filling). No L2 cache hint: with one (evict-first weights), ptxas 13.0 gave the copies an
+/// odd uniform register as their 64-bit policy operand in some instantiations (the 32-row
+/// grouped blocks, then the 16-row ones once their copy addresses became running pointers), an
+/// illegal instruction at run time.
+__device__ __forceinline__ void cp_async16_full(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src)
+               : "memory");
 }
 
 __device__ __forceinline__ void cp_async_commit() {
@@ -390,7 +360,6 @@ __global__ void __launch_bounds__(
     // no stage pays for a 64-bit division (a call into a slow path on the GPU).
     const int k_total = static_cast<int>(p.k);
     const int k_tiles_total = k_total / kTileK;
-    const int num_stages = (k_total + kBlockK - 1) / kBlockK;
     // Grouped kernels divide by the group size (>= 32) through group_div (FastDiv: a
     // multiply-high and a shift): k slice `stage` starts in group group_div.div(stage * kBlockK).
     const int group_size = static_cast<int>(p.group_size);
@@ -401,12 +370,6 @@ __global__ void __launch_bounds__(
     const T* scales = static_cast<const T*>(p.scales);
 
     // Pipeline slots are addressed by their byte offset in smem (slot * kStageBytes).
-    // The 16-row (decode) blocks copy the weights with an L2 policy: evict first where there is
-    // one row block, since nothing reads this block's weight tiles again. Taller blocks copy
-    // without one: they have no registers to spare, and in the 32-row grouped kernels ptxas 13.0
-    // gave the hinted copies an odd uniform register as their 64-bit policy operand (an illegal
-    // instruction at run time).
-    const uint64_t policy = C::kBlockM <= 16 ? weight_policy(gridDim.y == 1) : 0;
 
     // The activation copies of a stage: kBlockM rows x 8 chunks of 16 bytes, chunk c = tid + i *
     // kThreads at row c / 8, column chunk c % 8. Since kThreads is a multiple of 64, a thread's
@@ -485,7 +448,7 @@ __global__ void __launch_bounds__(
 #pragma unroll
       for (int i = 0; i < kBCopies; ++i) {
         if (i * kBRows < b_rows_left) {
-          cp_async16_full(sb + (tid + i * C::kThreads) * 16, src, policy, C::kBlockM <= 16);
+          cp_async16_full(sb + (tid + i * C::kThreads) * 16, src);
         }
         src += kBRows * b_tile_stride;
       }
