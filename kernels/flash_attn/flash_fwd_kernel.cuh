@@ -2,12 +2,15 @@
 // of the family runs: 8.0 through 12.0). Torch-free; included by the generated instantiations.
 //
 // One CTA of 4 warps per (64- or 128-row query tile, head, sequence); warp w owns query rows
-// 16w + 64i + [0, 16) of the tile, i < kBlockM / 64. K/V tiles of 64 rows stream through
-// swizzled shared memory with cp.async, K and V in separate buffers so that the load of V(j)
-// overlaps S = Q K(j)^T and the softmax, and the load of K(j-1) overlaps O += P V(j). Key tiles are
-// visited from the last to the first, so the tiles that need masking (the partial end, the causal
-// diagonal or right window edge) come first; with a left window edge the tile range starts at the
-// first tile any row of the CTA sees, and only the tiles that straddle an edge are masked.
+// 16w + 64i + [0, 16) of the tile, i < kBlockM / 64: 128 rows up to head dim 128
+// (default_block_m), the shape FA2 runs there, so that each K/V tile in shared memory serves
+// twice the rows. Q stays in shared memory and is read per k block; P is converted from the S
+// accumulators in registers. K/V tiles of 64 rows stream through swizzled shared memory with
+// cp.async, K and V in separate buffers so that the load of V(j) overlaps S = Q K(j)^T and the
+// softmax, and the load of K(j-1) overlaps O += P V(j). Key tiles are visited from the last to
+// the first, so the tiles that need masking (the partial end, the causal diagonal or right window
+// edge) come first; with a left window edge the tile range starts at the first tile any row of
+// the CTA sees, and only the tiles that straddle an edge are masked.
 // Softmax statistics stay in fp32 registers; the 4 lanes that share a row of the mma accumulator
 // reduce with two xor shuffles. The paged variant (kPaged) gathers each K/V tile row through the
 // block table. Its copies take a tile's rows in an order (FwdTraits::PagedRowOrder) that puts the
@@ -15,6 +18,13 @@
 // table entry per pair, one tile ahead while the current tile's scores are computed (head dims up
 // to 128; above, registers allow only resolving at each load), and forms one 64-bit address per
 // pair; the block-size division is a multiply-high with constants the launch computes.
+//
+// Registers (the 128-row tile at head dim 128 holds 128 fp32 of O and 64 of S a thread, of 255):
+// the ldmatrix loads address shared memory from one base per operand (detail::SmemOperand: an
+// XOR and an immediate offset per load, not a register per k block), and whatever the key loop
+// derives from the thread index (those bases, the copy rows and columns, the mask's key - row) is
+// derived in each tile from tid plus a 0 read from shared memory, which the compiler cannot hoist
+// into registers held across the loop; the masks need no per-row bounds.
 #pragma once
 
 #include <cmath>
@@ -29,8 +39,11 @@
 namespace aphrodite::flash_attn {
 
 /// Query rows per CTA: 128 (each warp 32 rows, two mma tiles) where the accumulators fit the
-/// register file without spilling, else 64 (each warp 16 rows).
-constexpr int default_block_m(int head_dim) { return head_dim <= 64 ? 128 : 64; }
+/// register file without spilling (ptxas -v, sm_90a: 255 registers and no spill at head dim 128,
+/// dense and paged), else 64 (each warp 16 rows): above 128 the O accumulator alone would take
+/// 192 or 256 registers a thread. The softcap kernels keep 64 rows above head dim 64 (see
+/// flash_fwd_launch).
+constexpr int default_block_m(int head_dim) { return head_dim <= 128 ? 128 : 64; }
 
 template <int kHeadDim_, typename Element_, bool kCausal_,
           int kBlockM_ = default_block_m(kHeadDim_)>
@@ -767,9 +780,10 @@ gpuError_t flash_fwd_launch(const FwdProblem& problem, gpuStream_t stream) {
   p.block_size_mul = block_div.mul;
   p.block_size_shift = block_div.shift;
   if (p.softcap > 0.f) {
-    // The paged softcap kernel on 128-row tiles spilled (ptxas -v, head dim 64: 128 bytes; the
-    // tanh and the paged copy each take registers the dense plain kernel leaves free): 64 rows.
-    using SoftcapTraits = std::conditional_t<kPaged && Traits::kBlockM == 128,
+    // The softcap kernels on 128-row tiles spill above head dim 64 (ptxas -v, sm_90a, bf16,
+    // dense / paged: 140 / 112 bytes at 96, 180 / 260 at 128; the tanh takes registers the plain
+    // kernel leaves free): 64 rows there. At 64 both fit (255 registers, no spill).
+    using SoftcapTraits = std::conditional_t<(kHeadDim > 64) && Traits::kBlockM == 128,
                                              FwdTraits<kHeadDim, Element, kCausal, 64>, Traits>;
     return flash_fwd_start<SoftcapTraits, kPaged, true>(p, stream);
   }
