@@ -10,9 +10,9 @@ Options (APHRODITE_GENERATOR_OPTIONS="flash_attn.head_dims=128;flash_attn.dtypes
   paged      which K/V layouts: a subset of off,on (default both); off drops the block-table
              (paged KV cache) variant, on keeps only it
   block_m    query rows per CTA at given head dims, as head_dim:rows pairs (rows 64 or 128;
-             "block_m=128:128"); a head dim not named keeps the kernel's default_block_m. For
-             comparing tile shapes on a GPU: the file names stay, the content (and so the build)
-             changes
+             "block_m=128:64"); a head dim not named keeps the kernel's default_block_m (128 up
+             to head dim 128, else 64). For comparing tile shapes on a GPU: the file names stay,
+             the content (and so the build) changes
   backend    cuda (set by the build; the family has no ROCm path)
 
 Cost: one CuTe instantiation is one nvcc run of about a minute per arch here; the full grid is

@@ -2,12 +2,15 @@
 // of the family runs: 8.0 through 12.0). Torch-free; included by the generated instantiations.
 //
 // One CTA of 4 warps per (64- or 128-row query tile, head, sequence); warp w owns query rows
-// 16w + 64i + [0, 16) of the tile, i < kBlockM / 64. K/V tiles of 64 rows stream through
-// swizzled shared memory with cp.async, K and V in separate buffers so that the load of V(j)
-// overlaps S = Q K(j)^T and the softmax, and the load of K(j-1) overlaps O += P V(j). Key tiles are
-// visited from the last to the first, so the tiles that need masking (the partial end, the causal
-// diagonal or right window edge) come first; with a left window edge the tile range starts at the
-// first tile any row of the CTA sees, and only the tiles that straddle an edge are masked.
+// 16w + 64i + [0, 16) of the tile, i < kBlockM / 64: 128 rows up to head dim 128
+// (default_block_m), the shape FA2 runs there, so that each K/V tile in shared memory serves
+// twice the rows. Q stays in shared memory and is read per k block; P is converted from the S
+// accumulators in registers. K/V tiles of 64 rows stream through swizzled shared memory with
+// cp.async, K and V in separate buffers so that the load of V(j) overlaps S = Q K(j)^T and the
+// softmax, and the load of K(j-1) overlaps O += P V(j). Key tiles are visited from the last to
+// the first, so the tiles that need masking (the partial end, the causal diagonal or right window
+// edge) come first; with a left window edge the tile range starts at the first tile any row of
+// the CTA sees, and only the tiles that straddle an edge are masked.
 // Softmax statistics stay in fp32 registers; the 4 lanes that share a row of the mma accumulator
 // reduce with two xor shuffles. The paged variant (kPaged) gathers each K/V tile row through the
 // block table. Its copies take a tile's rows in an order (FwdTraits::PagedRowOrder) that puts the
@@ -15,6 +18,13 @@
 // table entry per pair, one tile ahead while the current tile's scores are computed (head dims up
 // to 128; above, registers allow only resolving at each load), and forms one 64-bit address per
 // pair; the block-size division is a multiply-high with constants the launch computes.
+//
+// Registers (the 128-row tile at head dim 128 holds 128 fp32 of O and 64 of S a thread, of 255):
+// the ldmatrix loads address shared memory from one base per operand (detail::SmemOperand: an
+// XOR and an immediate offset per load, not a register per k block), and whatever the key loop
+// derives from the thread index (those bases, the copy rows and columns, the mask's key - row) is
+// derived in each tile from tid plus a 0 read from shared memory, which the compiler cannot hoist
+// into registers held across the loop; the masks need no per-row bounds.
 #pragma once
 
 #include <cmath>
@@ -29,8 +39,11 @@
 namespace aphrodite::flash_attn {
 
 /// Query rows per CTA: 128 (each warp 32 rows, two mma tiles) where the accumulators fit the
-/// register file without spilling, else 64 (each warp 16 rows).
-constexpr int default_block_m(int head_dim) { return head_dim <= 64 ? 128 : 64; }
+/// register file without spilling (ptxas -v, sm_90a: 255 registers and no spill at head dim 128,
+/// dense and paged), else 64 (each warp 16 rows): above 128 the O accumulator alone would take
+/// 192 or 256 registers a thread. The softcap kernels keep 64 rows above head dim 64 (see
+/// flash_fwd_launch).
+constexpr int default_block_m(int head_dim) { return head_dim <= 128 ? 128 : 64; }
 
 template <int kHeadDim_, typename Element_, bool kCausal_,
           int kBlockM_ = default_block_m(kHeadDim_)>
@@ -102,8 +115,10 @@ struct FwdTraits {
 
   static constexpr int kSmemQElems = kBlockM * kHeadDim;
   static constexpr int kSmemKVElems = kBlockN * kHeadDim;
-  static constexpr int kSmemBytes =
+  // After the tiles: one 32-bit word holding 0 (see the kernel's tile loop).
+  static constexpr int kSmemZeroOffset =
       (kSmemQElems + 2 * kSmemKVElems) * static_cast<int>(sizeof(Element));
+  static constexpr int kSmemBytes = kSmemZeroOffset + 16;
 };
 
 namespace detail {
@@ -130,6 +145,14 @@ CUTE_HOST_DEVICE auto acc_as_a(Layout acc) {
   auto l = logical_divide(acc, Shape<Underscore, Underscore, _2>{});
   return make_layout(make_layout(get<0, 0>(l), get<0, 1>(l), get<2, 0>(l)), get<1>(l),
                      get<2, 1>(l));
+}
+
+// x behind an asm copy: the compiler cannot see how it was computed, so it cannot split a sum
+// into parts and move the invariant ones out of a loop into registers of their own.
+__device__ __forceinline__ int opaque(int x) {
+  int y;
+  asm("mov.b32 %0, %1;" : "=r"(y) : "r"(x));
+  return y;
 }
 
 __device__ __forceinline__ float quad_max(float x) {
@@ -202,38 +225,120 @@ __device__ __forceinline__ void copy_rows(const TiledCopy& tiled_copy, const TS&
   }
 }
 
-// acc += A B over the k blocks, A and B loaded from shared memory by ldmatrix one k block
-// ahead of the mma that uses it. rA_view/rB_view are rA/rB retiled for the copies.
-template <typename Acc, typename RA, typename RB, typename VA, typename VB, typename SA,
-          typename SB, typename Mma, typename CopyA, typename CopyB>
-__device__ __forceinline__ void gemm_ss(Acc& acc, RA& rA, RB& rB, VA& rA_view, VB& rB_view,
-                                        const SA& sA, const SB& sB, const Mma& mma,
-                                        const CopyA& copy_a, const CopyB& copy_b) {
-  using namespace cute;
-  copy(copy_a, sA(_, _, 0), rA_view(_, _, 0));
-  copy(copy_b, sB(_, _, 0), rB_view(_, _, 0));
-  CUTE_UNROLL
-  for (int k = 0; k < size<2>(rA); ++k) {
-    if (k + 1 < size<2>(rA)) {
-      copy(copy_a, sA(_, _, k + 1), rA_view(_, _, k + 1));
-      copy(copy_b, sB(_, _, k + 1), rB_view(_, _, k + 1));
-    }
-    gemm(mma, rA(_, _, k), rB(_, _, k), acc);
+// ldmatrix operands without one address register per k block. In the swizzled layouts
+// (FwdTraits::SmemAtom) the 16-byte row a thread reads for column block j (16 columns: a k
+// block of Q or K, a head-dim block of V^T) lies at its j = 0 address with the 16-byte column
+// index XORed with 2 (j % kXorSteps), kXorSteps = kBlockKSmem / 16, plus offsets that are
+// multiples of the swizzle's period (rows in steps of 16, the next kBlockKSmem-column chunk),
+// which commute with the XOR. So one base address per operand and thread serves every load:
+// each load XORs the base (plus its chunk offset) and takes the rest as its immediate offset.
+// Left to CuTe's partitions, each XORed address was a register of its own held across the key
+// loop (20 at head dim 128, 128-row tiles). tests/build/flash_attn_layout_check.cu checks the
+// addresses against CuTe's partitions.
+struct SmemOperand {
+  uint32_t base;  // shared-memory byte address of the thread's row for block (0, 0)
+};
+
+// One x4 ldmatrix (kTrans: .trans) at byte address ((base + kPre) ^ kFlip) + kPost into dst, a
+// fragment view of 8 16-bit values (4 registers in the order of CuTe's SM75_U32x4_LDSM_N and
+// SM75_U16x8_LDSM_T copies, whose retile_D views the callers pass). kPre and kPost are multiples
+// of the swizzle's period (128 bytes), so they can sit on either side of the XOR.
+template <bool kTrans, int kPre, int kFlip, int kPost, typename Dst>
+__device__ __forceinline__ void ldsm_x4(uint32_t base, Dst&& dst) {
+  auto d = cute::recast<uint32_t>(dst);
+  static_assert(decltype(cute::size(d))::value == 4);
+  static_assert(kPre % 128 == 0 && kPost % 128 == 0 && kFlip < 128);
+  uint32_t addr = base;
+  if constexpr (kPre != 0) asm("add.u32 %0, %1, %2;" : "=r"(addr) : "r"(addr), "n"(kPre));
+  if constexpr (kFlip != 0) asm("xor.b32 %0, %1, %2;" : "=r"(addr) : "r"(addr), "n"(kFlip));
+  if constexpr (kTrans) {
+    asm volatile("ldmatrix.sync.aligned.x4.trans.m8n8.shared.b16 {%0, %1, %2, %3}, [%4+%5];\n"
+                 : "=r"(d(0)), "=r"(d(1)), "=r"(d(2)), "=r"(d(3))
+                 : "r"(addr), "n"(kPost));
+  } else {
+    asm volatile("ldmatrix.sync.aligned.x4.m8n8.shared.b16 {%0, %1, %2, %3}, [%4+%5];\n"
+                 : "=r"(d(0)), "=r"(d(1)), "=r"(d(2)), "=r"(d(3))
+                 : "r"(addr), "n"(kPost));
   }
 }
 
-// acc += A B with A already in registers (P) and B from shared memory (V^T).
-template <typename Acc, typename RA, typename RB, typename VB, typename SB, typename Mma,
-          typename CopyB>
-__device__ __forceinline__ void gemm_rs(Acc& acc, const RA& rA, RB& rB, VB& rB_view, const SB& sB,
-                                        const Mma& mma, const CopyB& copy_b) {
+// Byte offsets of the loads of FwdTraits' operands, kXorSteps = kBlockKSmem / 16 column blocks
+// per chunk of a shared-memory row. Block (i, j): i the fragment's mode 1 (m or n), j its mode 2
+// (the k block). A (Q, kRows rows): i steps 16 kNWarps rows, j steps 16 columns. B (K): i steps
+// 16 rows, j 16 columns. B transposed (V^T): i steps 16 columns (head dim), j 16 rows (keys).
+template <typename Traits, int kRows>
+struct OperandOffsets {
+  static constexpr int kBKS = Traits::kBlockKSmem;
+  static constexpr int kXorSteps = kBKS / 16;
+  static constexpr int kBytes = 2;  // 16-bit elements
+  // Column block c (16 columns) of row 0, rows stepped separately.
+  static constexpr int col_flip(int c) { return (c % kXorSteps) * 16 * kBytes; }
+  static constexpr int col_offset(int c) { return (c / kXorSteps) * kRows * kBKS * kBytes; }
+  static constexpr int rows_offset(int rows) { return rows * kBKS * kBytes; }
+};
+
+// Loads block (i, j) of an A operand (kTrans false, Q), B operand (K) or transposed B (V^T).
+enum class Operand { kA, kB, kBt };
+template <Operand kOp, typename Traits, int kRows, int i, int j, typename Dst>
+__device__ __forceinline__ void load_block(const SmemOperand& s, Dst&& dst) {
+  using O = OperandOffsets<Traits, kRows>;
+  // The column block's chunk offset goes before the XOR: blocks j and j + kXorSteps then derive
+  // different addresses, which the compiler does not merge into one register held from the
+  // first to the second.
+  constexpr int kCol = kOp == Operand::kBt ? i : j;
+  constexpr int kRowsStep = kOp == Operand::kA   ? 16 * Traits::kNWarps * i
+                            : kOp == Operand::kB ? 16 * i
+                                                 : 16 * j;
+  ldsm_x4<kOp == Operand::kBt, O::col_offset(kCol), O::col_flip(kCol), O::rows_offset(kRowsStep)>(
+      s.base, dst);
+}
+
+// Loads k block j of an operand fragment view (all of its mode 1).
+template <Operand kOp, typename Traits, int kRows, int j, typename View>
+__device__ __forceinline__ void load_k_block(const SmemOperand& s, View& view) {
   using namespace cute;
-  copy(copy_b, sB(_, _, 0), rB_view(_, _, 0));
-  CUTE_UNROLL
-  for (int k = 0; k < size<2>(rA); ++k) {
-    if (k + 1 < size<2>(rA)) copy(copy_b, sB(_, _, k + 1), rB_view(_, _, k + 1));
+  for_each(make_int_sequence<decltype(size<1>(view))::value>{}, [&](auto i) {
+    load_block<kOp, Traits, kRows, decltype(i)::value, j>(s, view(_, i, j));
+  });
+}
+
+// acc += A B over the k blocks, A (Q, kRowsA rows) and B (K) loaded from shared memory by
+// ldmatrix one k block ahead of the mma that uses it. rA_view/rB_view are rA/rB retiled for the
+// copies.
+template <typename Traits, int kRowsA, typename Acc, typename RA, typename RB, typename VA,
+          typename VB, typename Mma>
+__device__ __forceinline__ void gemm_ss(Acc& acc, RA& rA, RB& rB, VA& rA_view, VB& rB_view,
+                                        const SmemOperand& sA, const SmemOperand& sB,
+                                        const Mma& mma) {
+  using namespace cute;
+  constexpr int kBlocks = decltype(size<2>(rA))::value;
+  load_k_block<Operand::kA, Traits, kRowsA, 0>(sA, rA_view);
+  load_k_block<Operand::kB, Traits, Traits::kBlockN, 0>(sB, rB_view);
+  for_each(make_int_sequence<kBlocks>{}, [&](auto k_) {
+    constexpr int k = decltype(k_)::value;
+    if constexpr (k + 1 < kBlocks) {
+      load_k_block<Operand::kA, Traits, kRowsA, k + 1>(sA, rA_view);
+      load_k_block<Operand::kB, Traits, Traits::kBlockN, k + 1>(sB, rB_view);
+    }
     gemm(mma, rA(_, _, k), rB(_, _, k), acc);
-  }
+  });
+}
+
+// acc += A B with A already in registers (P) and B (V^T) from shared memory, B loaded one k
+// block ahead of the mma that uses it.
+template <typename Traits, typename Acc, typename RA, typename RB, typename VB, typename Mma>
+__device__ __forceinline__ void gemm_rs(Acc& acc, const RA& rA, RB& rB, VB& rB_view,
+                                        const SmemOperand& sB, const Mma& mma) {
+  using namespace cute;
+  constexpr int kBlocks = decltype(size<2>(rA))::value;
+  load_k_block<Operand::kBt, Traits, Traits::kBlockN, 0>(sB, rB_view);
+  for_each(make_int_sequence<kBlocks>{}, [&](auto k_) {
+    constexpr int k = decltype(k_)::value;
+    if constexpr (k + 1 < kBlocks) {
+      load_k_block<Operand::kBt, Traits, Traits::kBlockN, k + 1>(sB, rB_view);
+    }
+    gemm(mma, rA(_, _, k), rB(_, _, k), acc);
+  });
 }
 
 }  // namespace detail
@@ -289,6 +394,9 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(const FwdP
   const int n_block_min = min(key_lo(0) / kBlockN, n_block_max);
 
   extern __shared__ __align__(128) char smem_raw[];
+  // The 0 of the tile loop's thread index: every thread writes it (the same value), so that its
+  // own reads in the loop need no barrier to see it.
+  *reinterpret_cast<volatile int*>(smem_raw + Traits::kSmemZeroOffset) = 0;
   Element* smem = reinterpret_cast<Element*>(smem_raw);
   Tensor sQ = make_tensor(make_smem_ptr(smem), typename Traits::SmemLayoutQ{});
   Tensor sK =
@@ -313,10 +421,15 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(const FwdP
 
   using TileQ = Shape<Int<kBlockM>, Int<kHeadDim>>;
   using TileKV = Shape<Int<kBlockN>, Int<kHeadDim>>;
+  using TileS = Shape<Int<kBlockM>, Int<kBlockN>>;
   Tensor gQ = make_tensor(make_gmem_ptr(q_base), TileQ{}, make_stride(p.q_row_stride, _1{}));
 
   typename Traits::GmemCopyIn gmem_copy;
   auto gmem_thr = gmem_copy.get_thread_slice(tid);
+  // Thread-dependent values used in the key loop are derived there from the thread index t of
+  // the tile (tid plus a 0 the compiler cannot see through; see the tile loop): held across the
+  // loop instead, they took a dozen registers (addresses, rows, columns), which the 128-row
+  // tiles at head dim 128 cannot spare.
   // The row order of the gmem <-> smem tile copies (Q, K, V, O): FwdTraits::PagedRowOrder in the
   // paged variant, else the identity. order_rows views a (rows, head_dim) tile in that order;
   // copy_row(rows, m) is the tile row of the thread's pass m (the copies share one thread layout,
@@ -333,15 +446,22 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(const FwdP
       return tile;
     }
   };
-  const int copy_row0 = get<0>(gmem_thr.partition_S(make_identity_tensor(TileKV{}))(0, 0, 0));
-  const int copy_col0 = get<1>(gmem_thr.partition_S(make_identity_tensor(TileKV{}))(0, 0, 0));
-  auto copy_row = [&](auto rows, int m) {
+  // The tile row and column of thread t's first copied vector.
+  auto copy_row0 = [&](int t) {
+    return get<0>(
+        gmem_copy.get_thread_slice(t).partition_S(make_identity_tensor(TileKV{}))(0, 0, 0));
+  };
+  auto copy_col0 = [&](int t) {
+    return get<1>(
+        gmem_copy.get_thread_slice(t).partition_S(make_identity_tensor(TileKV{}))(0, 0, 0));
+  };
+  auto copy_row = [&](int t, auto rows, int m) {
     constexpr int kRows = decltype(rows)::value;
     if constexpr (kPaged) {
       using Order = typename Traits::template PagedRowOrder<kRows>;
-      return Order{}(copy_row0) + Order{}(m * Traits::kGmemRowsPerPass);
+      return Order{}(copy_row0(t)) + Order{}(m * Traits::kGmemRowsPerPass);
     } else {
-      return copy_row0 + m * Traits::kGmemRowsPerPass;
+      return copy_row0(t) + m * Traits::kGmemRowsPerPass;
     }
   };
 
@@ -362,76 +482,74 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(const FwdP
   // key / block_size without a divide and without a branch on the block size: a power of two or
   // not, one multiply-high, an add and a shift (keys are below 2^31, so the add cannot wrap).
   const detail::FastDiv block_div(p.block_size_mul, p.block_size_shift);
-  auto paged_row = [&](int m) { return copy_row(Int<kBlockN>{}, m); };
-  auto resolve_pages = [&](int n_block) {
+  auto resolve_pages = [&](int t, int n_block) {
     if constexpr (kPaged) {
       CUTE_UNROLL
       for (int g = 0; g < kPageGroups; ++g) {
-        const int key = n_block * kBlockN + paged_row(2 * g);
+        const int key = n_block * kBlockN + copy_row(t, Int<kBlockN>{}, 2 * g);
         page_block[g] = key < seqlen_k ? block_table[block_div(key)] : 0;
       }
     }
   };
 
-  // Copies key tile n_block of K or V (base, strides) into the shared tile s. full: a
+  // Thread t's part of the copy of key tile n_block of K or V (base: row 0 of the sequence's
+  // keys, or of the cache when paged, at the kv head) into the shared tile s. full: a
   // compile-time promise that every row of the tile is a key (any tile below the highest one
-  // visited), which drops the row tests.
-  auto load_kv = [&](const Element* base, int64_t row_stride, int64_t block_stride, auto& s,
+  // visited), which drops the row tests. The thread's vectors of a row lie at kBlockKSmem steps
+  // of mode 2 from its first (checked on the host).
+  auto load_kv = [&](int t, const Element* base, int64_t row_stride, int64_t block_stride, auto& s,
                      int n_block, auto full) {
     constexpr bool kFull = decltype(full)::value;
     const int valid_rows = seqlen_k - n_block * kBlockN;
+    // Pass m of row pointer `row`.
+    auto copy_pass = [&](auto& dst, int m, const Element* row) {
+      if (kFull || copy_row(t, Int<kBlockN>{}, m) < valid_rows) {
+        CUTE_UNROLL
+        for (int k = 0; k < size<2>(dst); ++k) {
+          Tensor src =
+              make_tensor(make_gmem_ptr(row + k * Traits::kBlockKSmem), Layout<Shape<_8>>{});
+          copy(gmem_copy, src, dst(_, m, k));
+        }
+      } else {
+        clear(dst(_, m, _));
+      }
+    };
     if constexpr (kPaged) {
-      if constexpr (!kPrefetchPages) resolve_pages(n_block);
-      Tensor dst = gmem_thr.partition_D(order_rows(s));
-      // The thread's vectors of a row: its first column (copy_col0, folded into the pointers
-      // below) plus kBlockKSmem per step of mode 2 (checked on the host).
-      const Element* thread_base = base + copy_col0;
+      if constexpr (!kPrefetchPages) resolve_pages(t, n_block);
+      Tensor dst = gmem_copy.get_thread_slice(t).partition_D(order_rows(s));
+      const Element* thread_base = base + copy_col0(t);
       CUTE_UNROLL
       for (int g = 0; g < kPageGroups; ++g) {
         // Rows r and r + 8 of the group (passes 2g and 2g + 1). Block and row are >= 0: unsigned
         // products skip the sign extension.
-        const int key = n_block * kBlockN + paged_row(2 * g);
+        const int key = n_block * kBlockN + copy_row(t, Int<kBlockN>{}, 2 * g);
         const uint32_t in_block = key - block_div(key) * p.block_size;
         const Element* group = thread_base +
                                static_cast<uint64_t>(static_cast<uint32_t>(page_block[g])) *
                                    static_cast<uint64_t>(block_stride) +
                                static_cast<uint64_t>(in_block) * static_cast<uint64_t>(row_stride);
-        CUTE_UNROLL
-        for (int h = 0; h < 2; ++h) {
-          const int m = 2 * g + h;
-          const Element* row = group + h * 8 * row_stride;
-          if (kFull || paged_row(m) < valid_rows) {
-            CUTE_UNROLL
-            for (int k = 0; k < size<2>(dst); ++k) {
-              Tensor src =
-                  make_tensor(make_gmem_ptr(row + k * Traits::kBlockKSmem), Layout<Shape<_8>>{});
-              copy(gmem_copy, src, dst(_, m, k));
-            }
-          } else {
-            clear(dst(_, m, _));
-          }
-        }
+        copy_pass(dst, 2 * g, group);
+        copy_pass(dst, 2 * g + 1, group + 8 * row_stride);
       }
     } else {
-      Tensor g =
-          make_tensor(make_gmem_ptr(base + static_cast<int64_t>(n_block) * kBlockN * row_stride),
-                      TileKV{}, make_stride(row_stride, _1{}));
-      Tensor dst = gmem_thr.partition_D(s);
-      detail::copy_rows<kFull>(
-          gmem_copy, gmem_thr.partition_S(g), dst,
-          [&](int m) { return copy_row(Int<kBlockN>{}, m); }, valid_rows);
+      Tensor dst = gmem_copy.get_thread_slice(t).partition_D(s);
+      const Element* rows =
+          base + copy_col0(t) + static_cast<int64_t>(n_block * kBlockN + copy_row0(t)) * row_stride;
+      CUTE_UNROLL
+      for (int m = 0; m < size<1>(dst); ++m) {
+        copy_pass(dst, m, rows + static_cast<int64_t>(m * Traits::kGmemRowsPerPass) * row_stride);
+      }
     }
   };
-
   {
     Tensor tQsQ = gmem_thr.partition_D(order_rows(sQ));
     detail::copy_rows(
         gmem_copy, gmem_thr.partition_S(order_rows(gQ)), tQsQ,
-        [&](int m) { return copy_row(Int<kBlockM>{}, m); }, q_rows);
+        [&](int m) { return copy_row(tid, Int<kBlockM>{}, m); }, q_rows);
   }
   if (n_block_max > n_block_min) {
-    if constexpr (kPrefetchPages) resolve_pages(n_block_max - 1);
-    load_kv(k_base, p.k_row_stride, p.k_block_stride, sK, n_block_max - 1, cute::false_type{});
+    if constexpr (kPrefetchPages) resolve_pages(tid, n_block_max - 1);
+    load_kv(tid, k_base, p.k_row_stride, p.k_block_stride, sK, n_block_max - 1, cute::false_type{});
   }
   cp_async_fence();
 
@@ -442,22 +560,20 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(const FwdP
   Tensor tOrVt = thr_mma.partition_fragment_B(sVt);
   Tensor acc_o = partition_fragment_C(mma, TileQ{});
 
+  // ldmatrix copies into the fragments: CuTe's tiled copies give each thread's row (and the
+  // register order); the loads themselves address shared memory through detail::SmemOperand.
   auto smem_copy_q = make_tiled_copy_A(Copy_Atom<SM75_U32x4_LDSM_N, Element>{}, mma);
   auto smem_copy_k = make_tiled_copy_B(Copy_Atom<SM75_U32x4_LDSM_N, Element>{}, mma);
   auto smem_copy_v = make_tiled_copy_B(Copy_Atom<SM75_U16x8_LDSM_T, Element>{}, mma);
-  auto smem_thr_q = smem_copy_q.get_thread_slice(tid);
-  auto smem_thr_k = smem_copy_k.get_thread_slice(tid);
-  auto smem_thr_v = smem_copy_v.get_thread_slice(tid);
-  Tensor tSsQ = smem_thr_q.partition_S(sQ);
-  Tensor tSsK = smem_thr_k.partition_S(sK);
-  Tensor tOsVt = smem_thr_v.partition_S(sVt);
-  Tensor tSrQ_view = smem_thr_q.retile_D(tSrQ);
-  Tensor tSrK_view = smem_thr_k.retile_D(tSrK);
-  Tensor tOrVt_view = smem_thr_v.retile_D(tOrVt);
+  auto smem_operand = [](const auto& copy, int t, const auto& s) {
+    return detail::SmemOperand{
+        cast_smem_ptr_to_uint(&copy.get_thread_slice(t).partition_S(s)(0, 0, 0))};
+  };
+  Tensor tSrQ_view = smem_copy_q.get_thread_slice(tid).retile_D(tSrQ);
+  Tensor tSrK_view = smem_copy_k.get_thread_slice(tid).retile_D(tSrK);
+  Tensor tOrVt_view = smem_copy_v.get_thread_slice(tid).retile_D(tOrVt);
 
   // Tile coordinates (row, col) of each accumulator element, in the (rows, cols) view.
-  Tensor cS = thr_mma.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
-  Tensor tScS = make_tensor(cS.data(), detail::acc_rowcol(cS.layout()));
   Tensor cO = thr_mma.partition_C(make_identity_tensor(TileQ{}));
   Tensor tOcO = make_tensor(cO.data(), detail::acc_rowcol(cO.layout()));
 
@@ -487,19 +603,31 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(const FwdP
   // the online softmax, O += P V.
   auto tile = [&](int n_block, auto may_mask) {
     constexpr bool kMayMask = decltype(may_mask)::value;
-    Tensor acc_s = partition_fragment_C(mma, Shape<Int<kBlockM>, Int<kBlockN>>{});
+    Tensor acc_s = partition_fragment_C(mma, TileS{});
     clear(acc_s);
+    // The thread index of this tile. Where registers are short (128-row tiles; head dims above
+    // 128): tid plus a 0 read from shared memory, which the compiler cannot see through, so that
+    // what it derives from the index (addresses, rows, columns) is computed in the tile, where it
+    // is used, rather than held in registers across the loop. Else tid, and the derivations
+    // leave the loop (bf16 dense, head dim 128, 64 rows: 192 registers, 4.08 SASS instructions
+    // per HMMA in the unmasked tile, against 164 and 4.55 with the 0; at 256 plain tid spilled
+    // 40 bytes).
+    constexpr bool kDeriveInTile = kBlockM == 128 || kHeadDim > 128;
+    const int t = kDeriveInTile
+                      ? tid + *reinterpret_cast<volatile int*>(smem_raw + Traits::kSmemZeroOffset)
+                      : tid;
     cp_async_wait<0>();
     __syncthreads();  // K(n_block) landed, and every warp is done reading V(n_block + 1)
+    const detail::SmemOperand tile_q = smem_operand(smem_copy_q, t, sQ);
+    const detail::SmemOperand tile_k = smem_operand(smem_copy_k, t, sK);
     // A tile that needs no mask lies below the end of the keys: full.
-    load_kv(v_base, p.v_row_stride, p.v_block_stride, sV, n_block,
+    load_kv(t, v_base, p.v_row_stride, p.v_block_stride, sV, n_block,
             cute::bool_constant<!kMayMask>{});
     cp_async_fence();
     // The next tile's cache blocks (their table reads are in flight during the mma below).
-    if (kPaged && kPrefetchPages && n_block > n_block_min) resolve_pages(n_block - 1);
+    if (kPaged && kPrefetchPages && n_block > n_block_min) resolve_pages(t, n_block - 1);
 
-    detail::gemm_ss(acc_s, tSrQ, tSrK, tSrQ_view, tSrK_view, tSsQ, tSsK, mma, smem_copy_q,
-                    smem_copy_k);
+    detail::gemm_ss<Traits, kBlockM>(acc_s, tSrQ, tSrK, tSrQ_view, tSrK_view, tile_q, tile_k, mma);
 
     if constexpr (kSoftcap) {
       CUTE_UNROLL
@@ -512,15 +640,28 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(const FwdP
     Tensor s_rc = make_tensor(acc_s.data(), detail::acc_rowcol(acc_s.layout()));
     const int key0 = n_block * kBlockN;
     if (kMayMask && needs_mask(key0)) {
+      // key > key_hi(row) or key < key_lo(row), unclipped: key - row > hi_row0, key - row <
+      // lo_row0 or key >= seqlen_k (keys are >= 0, rows < kBlockM: the same tests). Written
+      // from key - row of the thread's first element, which changes with the tile, plus each
+      // element's constant offset: per-row bounds would be loop invariants that the compiler
+      // holds in registers across every tile (8 at 128 rows).
+      Tensor cS = mma.get_thread_slice(t).partition_C(make_identity_tensor(TileS{}));
+      Tensor tScS = make_tensor(cS.data(), detail::acc_rowcol(cS.layout()));
+      const int row0 = get<0>(tScS(0, 0));
+      const int col0 = get<1>(tScS(0, 0));
+      // Behind an asm copy, so that the compiler does not split off the thread's part.
+      const int first_key = detail::opaque(key0 + col0);
+      const int first_rel = detail::opaque(key0 + col0 - row0);
       CUTE_UNROLL
       for (int r = 0; r < size<0>(s_rc); ++r) {
-        const int row = get<0>(tScS(r, 0));
-        const int lo = key_lo(row);
-        const int hi = key_hi(row);
         CUTE_UNROLL
         for (int c = 0; c < size<1>(s_rc); ++c) {
-          const int key = key0 + get<1>(tScS(r, c));
-          if (key < lo || key > hi) s_rc(r, c) = -INFINITY;
+          const int dc = get<1>(tScS(r, c)) - col0;  // compile-time constants
+          const int dr = get<0>(tScS(r, c)) - row0;
+          const int rel = first_rel + (dc - dr);
+          if (rel > hi_row0 || rel < lo_row0 || first_key + dc >= seqlen_k) {
+            s_rc(r, c) = -INFINITY;
+          }
         }
       }
     }
@@ -552,7 +693,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(const FwdP
     __syncthreads();  // V(n_block) landed, and every warp is done reading K(n_block)
     if (n_block > n_block_min) {
       // n_block - 1 < n_block_max - 1: a full tile (n_block * kBlockN <= seqlen_k - 1).
-      load_kv(k_base, p.k_row_stride, p.k_block_stride, sK, n_block - 1, cute::true_type{});
+      load_kv(t, k_base, p.k_row_stride, p.k_block_stride, sK, n_block - 1, cute::true_type{});
       cp_async_fence();
     }
 
@@ -561,7 +702,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(const FwdP
     CUTE_UNROLL
     for (int i = 0; i < size(acc_s); ++i) rP(i) = static_cast<Element>(acc_s(i));
     Tensor tOrP = make_tensor(rP.data(), detail::acc_as_a(rP.layout()));
-    detail::gemm_rs(acc_o, tOrP, tOrVt, tOrVt_view, tOsVt, mma, smem_copy_v);
+    detail::gemm_rs<Traits>(acc_o, tOrP, tOrVt, tOrVt_view, smem_operand(smem_copy_v, t, sVt), mma);
   };
   // Up to head dim 128 the tiles that need no mask run a second copy of the tile without any
   // mask code: behind the run-time test alone, the mask's predicated instructions still took
@@ -612,7 +753,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(const FwdP
   Tensor tOgO = gmem_thr_o.partition_D(order_rows(gO));
   CUTE_UNROLL
   for (int m = 0; m < size<1>(tOgO); ++m) {
-    if (copy_row(Int<kBlockM>{}, m) < q_rows) {
+    if (copy_row(tid, Int<kBlockM>{}, m) < q_rows) {
       CUTE_UNROLL
       for (int k = 0; k < size<2>(tOgO); ++k) copy(gmem_copy_o, tOsO(_, m, k), tOgO(_, m, k));
     }
@@ -646,9 +787,10 @@ gpuError_t flash_fwd_launch(const FwdProblem& problem, gpuStream_t stream) {
   p.block_size_mul = block_div.mul;
   p.block_size_shift = block_div.shift;
   if (p.softcap > 0.f) {
-    // The paged softcap kernel on 128-row tiles spilled (ptxas -v, head dim 64: 128 bytes; the
-    // tanh and the paged copy each take registers the dense plain kernel leaves free): 64 rows.
-    using SoftcapTraits = std::conditional_t<kPaged && Traits::kBlockM == 128,
+    // The softcap kernels on 128-row tiles spill above head dim 64 (ptxas -v, sm_90a, bf16,
+    // dense / paged: 140 / 112 bytes at 96, 180 / 260 at 128; the tanh takes registers the plain
+    // kernel leaves free): 64 rows there. At 64 both fit (255 registers, no spill).
+    using SoftcapTraits = std::conditional_t<(kHeadDim > 64) && Traits::kBlockM == 128,
                                              FwdTraits<kHeadDim, Element, kCausal, 64>, Traits>;
     return flash_fwd_start<SoftcapTraits, kPaged, true>(p, stream);
   }

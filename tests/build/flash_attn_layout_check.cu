@@ -61,6 +61,50 @@ int check() {
   return bad;
 }
 
+// The ldmatrix addresses (detail::load_block): for every thread and fragment block, the base
+// (the block (0, 0) address of CuTe's partition) plus the block's chunk offset, XORed with its
+// flip, plus its row offset, lands where CuTe's partition puts the block. Offsets in bytes from
+// the tile's start (the kernel's tiles start at multiples of 128 bytes, which the XOR keeps).
+template <int D, int BM>
+int check_ldmatrix_addresses() {
+  using T = FwdTraits<D, cute::half_t, false, BM>;
+  using Element = typename T::Element;
+  using aphrodite::flash_attn::detail::OperandOffsets;
+  using OQ = OperandOffsets<T, T::kBlockM>;
+  using OKV = OperandOffsets<T, T::kBlockN>;
+  typename T::TiledMma mma;
+  auto sQ = make_tensor(counting_iterator<int>(0), typename T::SmemLayoutQ{});
+  auto sK = make_tensor(counting_iterator<int>(0), typename T::SmemLayoutKV{});
+  auto sVt = make_tensor(counting_iterator<int>(0), typename T::SmemLayoutVt{});
+  auto copy_q = make_tiled_copy_A(Copy_Atom<SM75_U32x4_LDSM_N, Element>{}, mma);
+  auto copy_k = make_tiled_copy_B(Copy_Atom<SM75_U32x4_LDSM_N, Element>{}, mma);
+  auto copy_v = make_tiled_copy_B(Copy_Atom<SM75_U16x8_LDSM_T, Element>{}, mma);
+  int bad = 0;
+  // Block (i, j) of a partition at column block c, row step r (as load_block picks them).
+  auto check_block = [&](auto o, int base, int want, int c, int rows, const char* name, int t,
+                         int i, int j) {
+    const int got = ((base + o.col_offset(c)) ^ o.col_flip(c)) + o.rows_offset(rows);
+    if (got != want && bad++ < 5) printf("%s t%d (%d,%d): %d vs %d\n", name, t, i, j, got, want);
+  };
+  for (int t = 0; t < T::kNThreads; ++t) {
+    auto q = copy_q.get_thread_slice(t).partition_S(sQ);
+    auto k = copy_k.get_thread_slice(t).partition_S(sK);
+    auto v = copy_v.get_thread_slice(t).partition_S(sVt);
+    for (int i = 0; i < size<1>(q); ++i)
+      for (int j = 0; j < size<2>(q); ++j)
+        check_block(OQ{}, 2 * q(0, 0, 0), 2 * q(0, i, j), j, 16 * T::kNWarps * i, "Q", t, i, j);
+    for (int i = 0; i < size<1>(k); ++i)
+      for (int j = 0; j < size<2>(k); ++j)
+        check_block(OKV{}, 2 * k(0, 0, 0), 2 * k(0, i, j), j, 16 * i, "K", t, i, j);
+    for (int i = 0; i < size<1>(v); ++i)
+      for (int j = 0; j < size<2>(v); ++j)
+        check_block(OKV{}, 2 * v(0, 0, 0), 2 * v(0, i, j), i, 16 * j, "V", t, i, j);
+  }
+  if (T::kSmemQElems * 2 % 128 != 0 || T::kSmemKVElems * 2 % 128 != 0) bad++;
+  printf("head_dim %d block_m %d ldmatrix addresses: %d mismatches\n", D, BM, bad);
+  return bad;
+}
+
 // The paged K/V load: every value a thread copies in pass m of the tiled gmem copy lies in the
 // row of its first value (tKVc(0, m, 0)), and partitioning a tile whose rows all alias one row
 // (row stride 0) puts each value at that row's base plus the value's column.
@@ -144,11 +188,16 @@ int check_fast_div() {
 }
 
 int main() {
-  const int bad =
-      check<64, 64>() + check<64, 128>() + check<96, 64>() + check<128, 64>() + check<128, 128>() +
-      check<192, 64>() + check<256, 64>() + check_paged_gather<64>() + check_paged_gather<96>() +
-      check_paged_gather<128>() + check_paged_gather<256>() + check_paged_order<64, 64>() +
-      check_paged_order<64, 128>() + check_paged_order<96, 64>() + check_paged_order<128, 64>() +
-      check_paged_order<128, 128>() + check_paged_order<256, 64>() + check_fast_div();
+  const int bad = check<64, 64>() + check<64, 128>() + check<96, 64>() + check<96, 128>() +
+                  check<128, 64>() + check<128, 128>() + check<192, 64>() + check<256, 64>() +
+                  check_paged_gather<64>() + check_paged_gather<96>() + check_paged_gather<128>() +
+                  check_paged_gather<256>() + check_paged_order<64, 64>() +
+                  check_paged_order<64, 128>() + check_paged_order<96, 64>() +
+                  check_paged_order<128, 64>() + check_paged_order<96, 128>() +
+                  check_paged_order<128, 128>() + check_paged_order<256, 64>() + check_fast_div() +
+                  check_ldmatrix_addresses<64, 64>() + check_ldmatrix_addresses<64, 128>() +
+                  check_ldmatrix_addresses<96, 64>() + check_ldmatrix_addresses<96, 128>() +
+                  check_ldmatrix_addresses<128, 64>() + check_ldmatrix_addresses<128, 128>() +
+                  check_ldmatrix_addresses<192, 64>() + check_ldmatrix_addresses<256, 64>();
   return bad != 0;
 }

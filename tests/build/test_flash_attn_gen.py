@@ -131,4 +131,4 @@ def test_kernel_register_layouts_on_the_host(tmp_path):
     )
     proc = subprocess.run([str(exe)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout
-    assert proc.stdout.count(": 0 mismatches") == 18, proc.stdout
+    assert proc.stdout.count(": 0 mismatches") == 28, proc.stdout

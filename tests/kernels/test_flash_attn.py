@@ -24,7 +24,7 @@ DTYPES = [torch.float16, torch.bfloat16]
 HEAD_DIMS = [64, 128]
 # (num_heads, num_kv_heads): MHA, GQA 4, GQA 8.
 GROUPS = [(4, 4), (8, 2), (8, 1)]
-# One batch: a single token, lengths off every tile size, more than one 64-row tile.
+# One batch: a single token, lengths off every tile size, more than one 128-row tile.
 SEQ_LENS_Q = [1, 7, 64, 83, 130, 200]
 
 
@@ -122,11 +122,14 @@ def test_varlen_matches_reference(device, dtype, head_dim, heads, kv_heads, caus
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("head_dim", [96, 192, 256])
 @pytest.mark.parametrize("causal", [False, True])
-def test_other_head_dims(device, dtype, head_dim, causal):
-    seq_q = [1, 70, 129]
-    seq_k = [1, 75, 193]
+@pytest.mark.parametrize("paged", [False, True])
+def test_other_head_dims(device, dtype, head_dim, causal, paged):
+    # More than one 128-row query tile (96 runs 128-row tiles), a full one and a partial one.
+    seq_q = [1, 70, 129, 300]
+    seq_k = [1, 75, 193, 310]
     q, k, v, cu_q, cu_k = make_batch(seq_q, seq_k, 4, 2, head_dim, dtype, device, seed=head_dim)
-    check(q, k, v, cu_q, cu_k, seq_q, seq_k, causal, dtype)
+    pages = to_paged(k, v, cu_k, 16, seed=head_dim) if paged else None
+    check(q, k, v, cu_q, cu_k, seq_q, seq_k, causal, dtype, paged=pages)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -318,20 +321,23 @@ WINDOWS = [(0, 0), (5, -1), (-1, 3), (70, 0), (17, 90), (128, 128), (4096, 4096)
 @pytest.mark.parametrize("window", WINDOWS)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_sliding_window(device, window, causal, dtype):
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_sliding_window(device, window, causal, dtype, head_dim):
     seq_q = [1, 7, 130, 100, 9, 300]
     seq_k = [1, 44, 200, 40, 9, 301]
-    q, k, v, cu_q, cu_k = make_batch(seq_q, seq_k, 8, 2, 64, dtype, device, seed=sum(window))
+    q, k, v, cu_q, cu_k = make_batch(seq_q, seq_k, 8, 2, head_dim, dtype, device, seed=sum(window))
     check(q, k, v, cu_q, cu_k, seq_q, seq_k, causal, dtype, window_size=window)
 
 
 @pytest.mark.parametrize("block_size", BLOCK_SIZES)
 @pytest.mark.parametrize("heads, kv_heads", GROUPS)
-def test_paged_sliding_window_softcap(device, block_size, heads, kv_heads):
-    # The three features at once, as a Gemma-2-style layer runs them on a paged cache.
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_paged_sliding_window_softcap(device, block_size, heads, kv_heads, head_dim):
+    # The three features at once, as a Gemma-2-style layer runs them on a paged cache (128-row
+    # query tiles at head dim 64, 64-row at 128).
     dtype = torch.bfloat16
     seq_q, seq_k = [1, 64, 129, 3], [700, 64, 300, 3]
-    q, k, v, cu_q, cu_k = make_batch(seq_q, seq_k, heads, kv_heads, 128, dtype, device, seed=1)
+    q, k, v, cu_q, cu_k = make_batch(seq_q, seq_k, heads, kv_heads, head_dim, dtype, device, seed=1)
     paged = to_paged(k, v, cu_k, block_size, seed=3)
     for causal, window in ((True, (100, -1)), (False, (31, 9))):
         check(
