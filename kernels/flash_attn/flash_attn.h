@@ -45,7 +45,7 @@ struct FwdProblem {
   int max_seqlen_q;  ///< >= every sequence's query length (sizes the grid)
   int block_size;    ///< paged: keys per cache block, a multiple of 16
   /// Set by the launch from block_size (callers leave them): the constants of the kernel's
-  /// division by block_size (a multiply-high, an add and a shift; see detail::FastDiv).
+  /// division by block_size (a multiply-high, an add and a shift; see common/fast_div.h).
   uint32_t block_size_mul, block_size_shift;
   int window_left;      ///< >= 0, or -1: unbounded
   int window_right;     ///< >= 0, or -1: unbounded; ignored (0) when causal

@@ -33,6 +33,7 @@
 
 #include <cute/tensor.hpp>
 
+#include "common/fast_div.h"
 #include "common/gpu.h"
 #include "flash_attn/flash_attn.h"
 
@@ -182,29 +183,6 @@ __device__ __forceinline__ float tanh_accurate(float x) {
   const float e = exp2f(-2.f * static_cast<float>(M_LOG2E) * fabsf(x));
   return copysignf(__fdividef(1.f - e, 1.f + e), x);
 }
-
-// n / d for 0 <= n < 2^31 and a run-time d >= 1 (round-up method of Granlund and Montgomery):
-// q = (umulhi(n, mul) + n) >> shift, with 2^shift >= d and mul = floor(2^32 (2^shift - d) / d) + 1;
-// a power of two gets mul = 1, whose high product is 0. The launch computes the constants (one
-// 64-bit divide) into the kernel's parameters, so that they cost the kernel no registers.
-struct FastDiv {
-  uint32_t mul;
-  uint32_t shift;
-  CUTE_HOST_DEVICE FastDiv(uint32_t mul_, uint32_t shift_) : mul(mul_), shift(shift_) {}
-  CUTE_HOST_DEVICE explicit FastDiv(int d) {
-    shift = 0;
-    while ((uint64_t{1} << shift) < static_cast<uint64_t>(d)) ++shift;
-    mul = static_cast<uint32_t>(((uint64_t{1} << 32) * ((uint64_t{1} << shift) - d)) / d) + 1;
-  }
-  CUTE_HOST_DEVICE int operator()(int n) const {
-#if defined(__CUDA_ARCH__)
-    const uint32_t hi = __umulhi(static_cast<uint32_t>(n), mul);
-#else
-    const uint32_t hi = static_cast<uint32_t>((uint64_t{static_cast<uint32_t>(n)} * mul) >> 32);
-#endif
-    return static_cast<int>((hi + static_cast<uint32_t>(n)) >> shift);
-  }
-};
 
 // Copies the rows of a (kRows, head_dim) tile that lie before `valid_rows` with the tiled
 // copy; zero-fills the others in shared memory, so that padding never feeds a NaN into P V.
@@ -481,13 +459,15 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(const FwdP
       kPaged ? p.block_table + static_cast<int64_t>(batch) * p.block_table_batch_stride : nullptr;
   // key / block_size without a divide and without a branch on the block size: a power of two or
   // not, one multiply-high, an add and a shift (keys are below 2^31, so the add cannot wrap).
-  const detail::FastDiv block_div(p.block_size_mul, p.block_size_shift);
+  FastDiv block_div;  // the launch's constants for p.block_size
+  block_div.mul = p.block_size_mul;
+  block_div.shift = p.block_size_shift;
   auto resolve_pages = [&](int t, int n_block) {
     if constexpr (kPaged) {
       CUTE_UNROLL
       for (int g = 0; g < kPageGroups; ++g) {
         const int key = n_block * kBlockN + copy_row(t, Int<kBlockN>{}, 2 * g);
-        page_block[g] = key < seqlen_k ? block_table[block_div(key)] : 0;
+        page_block[g] = key < seqlen_k ? block_table[block_div.div(key)] : 0;
       }
     }
   };
@@ -523,7 +503,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(const FwdP
         // Rows r and r + 8 of the group (passes 2g and 2g + 1). Block and row are >= 0: unsigned
         // products skip the sign extension.
         const int key = n_block * kBlockN + copy_row(t, Int<kBlockN>{}, 2 * g);
-        const uint32_t in_block = key - block_div(key) * p.block_size;
+        const uint32_t in_block = key - block_div.div(key) * p.block_size;
         const Element* group = thread_base +
                                static_cast<uint64_t>(static_cast<uint32_t>(page_block[g])) *
                                    static_cast<uint64_t>(block_stride) +
@@ -783,7 +763,7 @@ gpuError_t flash_fwd_launch(const FwdProblem& problem, gpuStream_t stream) {
   using Traits =
       FwdTraits<kHeadDim, Element, kCausal, kBlockM == 0 ? default_block_m(kHeadDim) : kBlockM>;
   FwdProblem p = problem;
-  const detail::FastDiv block_div(kPaged ? p.block_size : 1);
+  const FastDiv block_div(static_cast<uint32_t>(kPaged ? p.block_size : 1));
   p.block_size_mul = block_div.mul;
   p.block_size_shift = block_div.shift;
   if (p.softcap > 0.f) {

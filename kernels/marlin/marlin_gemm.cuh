@@ -28,6 +28,7 @@
 #include <atomic>
 #include <cstdint>
 
+#include "common/fast_div.h"
 #include "common/gpu.h"
 #include "marlin/marlin.h"
 
@@ -188,30 +189,6 @@ struct Partition {
     while (first > 0 && start(first) > begin) --first;
     last = x;
     while (last + 1 < workers && start(last + 1) < end) ++last;
-  }
-};
-
-/// Division of 31-bit numerators by a run-time divisor d >= 2 as a multiply-high and a shift
-/// (Granlund and Montgomery, "Division by invariant integers using multiplication", thm. 4.2):
-/// with l = ceil(log2 d) and mul = ceil(2^(31 + l) / d) < 2^32, mul * d - 2^(31 + l) < d <= 2^l,
-/// so x / d == (x * mul) >> (31 + l) for every 0 <= x < 2^31. The kernel divides by the group
-/// size this way: two instructions instead of an integer division's ~25.
-struct FastDiv {
-  uint32_t mul = 0;
-  uint32_t shift = 0;  ///< l - 1: the multiply-high already drops 32 of the 31 + l bits
-  FastDiv() = default;
-  explicit FastDiv(uint32_t d) {
-    uint32_t l = 1;
-    while ((uint64_t{1} << l) < d) ++l;
-    mul = static_cast<uint32_t>(((uint64_t{1} << (31 + l)) + d - 1) / d);
-    shift = l - 1;
-  }
-  __host__ __device__ uint32_t div(uint32_t x) const {
-#if defined(__CUDA_ARCH__)
-    return __umulhi(x, mul) >> shift;
-#else
-    return static_cast<uint32_t>((static_cast<uint64_t>(x) * mul) >> 32) >> shift;
-#endif
   }
 };
 
