@@ -585,14 +585,14 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(const FwdP
     constexpr bool kMayMask = decltype(may_mask)::value;
     Tensor acc_s = partition_fragment_C(mma, TileS{});
     clear(acc_s);
-    // The thread index of this tile. Where registers are short (128-row tiles; head dims above
-    // 128): tid plus a 0 read from shared memory, which the compiler cannot see through, so that
-    // what it derives from the index (addresses, rows, columns) is computed in the tile, where it
-    // is used, rather than held in registers across the loop. Else tid, and the derivations
-    // leave the loop (bf16 dense, head dim 128, 64 rows: 192 registers, 4.08 SASS instructions
-    // per HMMA in the unmasked tile, against 164 and 4.55 with the 0; at 256 plain tid spilled
-    // 40 bytes).
-    constexpr bool kDeriveInTile = kBlockM == 128 || kHeadDim > 128;
+    // The thread index of this tile. Where registers are short (128-row tiles above head dim
+    // 64; head dims above 128): tid plus a 0 read from shared memory, which the compiler cannot see
+    // through, so that what it derives from the index (addresses, rows, columns) is computed in the
+    // tile, where it is used, rather than held in registers across the loop. Else tid, and the
+    // derivations leave the loop (bf16 dense, head dim 128, 64 rows: 192 registers, 4.08 SASS
+    // instructions per HMMA in the unmasked tile, against 164 and 4.55 with the 0; at 256 plain tid
+    // spilled 40 bytes).
+    constexpr bool kDeriveInTile = (kBlockM == 128 && kHeadDim > 64) || kHeadDim > 128;
     const int t = kDeriveInTile
                       ? tid + *reinterpret_cast<volatile int*>(smem_raw + Traits::kSmemZeroOffset)
                       : tid;
