@@ -173,15 +173,16 @@ int check_paged_order() {
   return bad;
 }
 
-// The paged index division: n / d for the block sizes a cache can have.
+// common/fast_div.h, which the paged index division uses (and the cache, fp8 and marlin kernels):
+// n / d for every divisor up to 4096 (block sizes, tile counts, group sizes).
 int check_fast_div() {
   int bad = 0;
-  for (int d = 16; d <= 4096; d += 16) {
-    const aphrodite::flash_attn::detail::FastDiv div(d);
-    for (int64_t n = 0; n < (int64_t{1} << 31); n = n < 100000 ? n + 1 : n * 2 + 12345) {
-      if (div(static_cast<int>(n)) != n / d) bad++;
+  for (uint32_t d = 1; d <= 4096; ++d) {
+    const aphrodite::FastDiv div(d);
+    for (int64_t n = 0; n < (int64_t{1} << 31); n = n < 20000 ? n + 1 : n * 2 + 12345) {
+      if (div.div(static_cast<uint32_t>(n)) != n / d) bad++;
     }
-    if (div(0x7fffffff) != 0x7fffffff / d) bad++;
+    if (div.div(0x7fffffffu) != 0x7fffffffu / d) bad++;
   }
   printf("fast division: %d mismatches\n", bad);
   return bad;
