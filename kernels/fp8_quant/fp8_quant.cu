@@ -99,14 +99,9 @@ __device__ __forceinline__ uint8_t quantize(float x, const Divisor& scale) {
 template <typename T, int N>
 __device__ __forceinline__ void store_quantized(uint8_t* dst, const Vec<T, N>& v,
                                                 const Divisor& scale) {
-  static_assert(N == 1 || N == 2 || N == 4 || N == 8, "fp8 stores are of 1, 2, 4 or 8 bytes");
+  static_assert(N == 1 || N == 4 || N == 8, "fp8 stores are of 1, 4 or 8 bytes");
   if constexpr (N == 1) {
     *dst = quantize(to_float(v.v[0]), scale);
-  } else if constexpr (N == 2) {
-    const float x0 = to_float(v.v[0]), x1 = to_float(v.v[1]);
-    *reinterpret_cast<uint16_t*>(dst) =
-        scale.plain ? fp8::from_float2(scale.divide<true>(x0), scale.divide<true>(x1))
-                    : fp8::from_float2(scale.divide<false>(x0), scale.divide<false>(x1));
   } else {
     // Pairs of elements convert together (fp8::from_float2), two pairs make a word.
     uint32_t w[N / 4];
@@ -555,12 +550,11 @@ gpuError_t launch_static_vec(const QuantProblem& p, gpuStream_t stream) {
   // bf16 at 0.93x of torch.compile's one-tile-a-program kernel.
   if (a.num_tiles == 0) return gpuSuccess;
   if (a.num_tiles < sm_count()) {
-    // Fewer tiles than SMs (decode sizes): two elements a thread (one 2-byte fp8 store) in
-    // blocks of kDecodeBlock threads, so that the divisions and conversions, which then bound
-    // the time, spread over four times the threads of 16-bit inputs' 16-byte vectors (an H100
-    // profile at 16 tokens x 8192: four elements a thread ran 3.14 us, torch.compile's two
-    // 2.98 us).
-    constexpr int kDecodeVec = kVec >= 2 ? 2 : 1;
+    // Fewer tiles than SMs (decode sizes): one vector of half the width a thread (16-bit inputs:
+    // 4 elements, one 4-byte fp8 store) in blocks of kDecodeBlock threads, so that the
+    // divisions and conversions, which then bound the time, spread over twice the threads and
+    // four times the blocks.
+    constexpr int kDecodeVec = kVec >= 8 ? kVec / 2 : kVec;
     constexpr int kDecodeBlock = 128;
     if (!make_tiles<T, kDecodeVec, kDecodeBlock, 1>(p, a)) return gpuErrorInvalidValue;
     static_quant_kernel<T, kDecodeVec, 1, kDecodeBlock>
