@@ -34,6 +34,22 @@ struct SumArgs {
   int64_t in_k_stride;
 };
 
+/// acc += x, element by element in fp32.
+template <typename T, int kN>
+__device__ __forceinline__ void accumulate(float (&acc)[kN], const Vec<T, kN>& x) {
+#pragma unroll
+  for (int q = 0; q < kN; ++q) acc[q] += to_float(x.v[q]);
+}
+
+/// The sums rounded once to T.
+template <typename T, int kN>
+__device__ __forceinline__ Vec<T, kN> rounded(const float (&acc)[kN]) {
+  Vec<T, kN> r;
+#pragma unroll
+  for (int q = 0; q < kN; ++q) r.v[q] = from_float<T>(acc[q]);
+  return r;
+}
+
 /// kN elements a thread (one load each of the k rows). kK > 0: topk == kK, unrolled; kK == 0:
 /// any topk. Threads (x, y) of block (bx, by) own vector bx * blockDim.x + x of token
 /// by * blockDim.y + y; both loop when the grid is smaller than the problem.
@@ -58,21 +74,14 @@ __global__ void __launch_bounds__(kThreads) moe_sum_kernel(const SumArgs<T> a) {
 #pragma unroll
         for (int k = 0; k < kK; ++k) x[k] = *reinterpret_cast<const V*>(src + k * a.in_k_stride);
 #pragma unroll
-        for (int k = 0; k < kK; ++k) {
-#pragma unroll
-          for (int q = 0; q < kN; ++q) acc[q] += to_float(x[k].v[q]);
-        }
+        for (int k = 0; k < kK; ++k) accumulate(acc, x[k]);
       } else {
         for (int64_t k = 0; k < a.topk; ++k) {
           const V x = *reinterpret_cast<const V*>(src + k * a.in_k_stride);
-#pragma unroll
-          for (int q = 0; q < kN; ++q) acc[q] += to_float(x.v[q]);
+          accumulate(acc, x);
         }
       }
-      V r;
-#pragma unroll
-      for (int q = 0; q < kN; ++q) r.v[q] = from_float<T>(acc[q]);
-      *reinterpret_cast<V*>(out + v * kN) = r;
+      *reinterpret_cast<V*>(out + v * kN) = rounded<T>(acc);
     }
   }
 }
@@ -106,14 +115,10 @@ __global__ void __launch_bounds__(kSplitVecs* kMaxUnrolledK)
   for (int q = 0; q < kN; ++q) acc[q] = 0.0f;
 #pragma unroll
   for (int k = 0; k < kK; ++k) {
-    const V x = tile[k][j];
-#pragma unroll
-    for (int q = 0; q < kN; ++q) acc[q] += to_float(x.v[q]);
+    const V x = tile[k][j];  // one shared load of the vector
+    accumulate(acc, x);
   }
-  V r;
-#pragma unroll
-  for (int q = 0; q < kN; ++q) r.v[q] = from_float<T>(acc[q]);
-  *reinterpret_cast<V*>(a.out + t * a.out_stride + v * kN) = r;
+  *reinterpret_cast<V*>(a.out + t * a.out_stride + v * kN) = rounded<T>(acc);
 }
 
 /// Problems of at most this many vectors (all tokens) take moe_sum_split_kernel.
