@@ -432,9 +432,14 @@ __global__ void __launch_bounds__(
       if constexpr (kGrouped) {
         const int r0 = static_cast<int>(group_div.div(k_base));
         const int r1 = r0 + 1 < num_groups ? r0 + 1 : num_groups - 1;
+        // Row 1 only where the slice runs into the next group (compute_stage's boundary <
+        // kKSteps, the same test): at group 64 and wider no slice does, and its copy (half the
+        // scale traffic of a stage) would only be read by nobody.
+        const bool second_row = k_base + kBlockK > (r0 + 1) * group_size;
         T* ss = reinterpret_cast<T*>(base + C::kABytes + C::kBBytes);
         for_chunks<2 * C::kBlockN / 8, C::kThreads>(tid, [&](int c) {
           const int r = c / (C::kBlockN / 8), col = (c % (C::kBlockN / 8)) * 8;
+          if (r != 0 && !second_row) return;
           const int64_t row = r == 0 ? r0 : r1;
           const bool valid = n0 + col < p.n;
           cp_async16(ss + r * C::kBlockN + col, valid ? scales + row * p.n + n0 + col : scales,
@@ -445,6 +450,7 @@ __global__ void __launch_bounds__(
           constexpr int kWordsPerRow = C::kBlockN / 8;
           for_chunks<2 * kWordsPerRow / 4, C::kThreads>(tid, [&](int c) {
             const int r = c / (kWordsPerRow / 4), word = (c % (kWordsPerRow / 4)) * 4;
+            if (r != 0 && !second_row) return;
             const int64_t row = r == 0 ? r0 : r1;
             const bool valid = n0 + word * 8 < p.n;
             cp_async16(sz + r * kWordsPerRow + word,
