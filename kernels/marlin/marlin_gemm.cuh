@@ -14,7 +14,8 @@
 //    per lane (one step ahead, in a register double buffer), dequantizes it in registers
 //    ((code | magic) - (magic + zero)) * scale (fp16 takes every other code from bits 4..7 with
 //    an HFMA2 by 1/16 instead of a shift), and issues MT x 8 mma.sync.m16n8k16 with fp32
-//    accumulators;
+//    accumulators (a 16-row block with at most 8 rows inside M: 4 of them on the transposed
+//    product, weights as the A operand; see `narrow`);
 //  - work partition: the blocks of a row of blocks (blockIdx.y) share its (column tile, k slice)
 //    units in equal contiguous ranges, tile-major: one block per tile, split-K (a tile's k slices
 //    over `splits` blocks) or stream-K (as many blocks as are resident at once, each walking its
