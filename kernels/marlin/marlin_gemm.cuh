@@ -14,7 +14,8 @@
 //    per lane (one step ahead, in a register double buffer), dequantizes it in registers
 //    ((code | magic) - (magic + zero)) * scale (fp16 takes every other code from bits 4..7 with
 //    an HFMA2 by 1/16 instead of a shift), and issues MT x 8 mma.sync.m16n8k16 with fp32
-//    accumulators;
+//    accumulators (a 16-row block with at most 8 rows inside M: 4 of them on the transposed
+//    product, weights as the A operand; see `narrow`);
 //  - work partition: the blocks of a row of blocks (blockIdx.y) share its (column tile, k slice)
 //    units in equal contiguous ranges, tile-major: one block per tile, split-K (a tile's k slices
 //    over `splits` blocks) or stream-K (as many blocks as are resident at once, each walking its
@@ -27,6 +28,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <type_traits>
 
 #include "common/fast_div.h"
 #include "common/gpu.h"
@@ -109,6 +111,15 @@ __device__ __forceinline__ void cp_async_wait() {
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p))
+               : "memory");
+}
+
+/// Two 8 x 8 matrices (row addresses from lanes 0..15): lane (g, t) gets row g, columns 2t and
+/// 2t + 1 of each.
+__device__ __forceinline__ void ldmatrix_x2(uint32_t& r0, uint32_t& r1, const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
+               : "=r"(r0), "=r"(r1)
                : "r"(smem_addr(p))
                : "memory");
 }
@@ -432,9 +443,14 @@ __global__ void __launch_bounds__(
       if constexpr (kGrouped) {
         const int r0 = static_cast<int>(group_div.div(k_base));
         const int r1 = r0 + 1 < num_groups ? r0 + 1 : num_groups - 1;
+        // Row 1 only where the slice runs into the next group (compute_stage's boundary <
+        // kKSteps, the same test): at group 64 and wider no slice does, and its copy (half the
+        // scale traffic of a stage) would only be read by nobody.
+        const bool second_row = k_base + kBlockK > (r0 + 1) * group_size;
         T* ss = reinterpret_cast<T*>(base + C::kABytes + C::kBBytes);
         for_chunks<2 * C::kBlockN / 8, C::kThreads>(tid, [&](int c) {
           const int r = c / (C::kBlockN / 8), col = (c % (C::kBlockN / 8)) * 8;
+          if (r != 0 && !second_row) return;
           const int64_t row = r == 0 ? r0 : r1;
           const bool valid = n0 + col < p.n;
           cp_async16(ss + r * C::kBlockN + col, valid ? scales + row * p.n + n0 + col : scales,
@@ -445,6 +461,7 @@ __global__ void __launch_bounds__(
           constexpr int kWordsPerRow = C::kBlockN / 8;
           for_chunks<2 * kWordsPerRow / 4, C::kThreads>(tid, [&](int c) {
             const int r = c / (kWordsPerRow / 4), word = (c % (kWordsPerRow / 4)) * 4;
+            if (r != 0 && !second_row) return;
             const int64_t row = r == 0 ? r0 : r1;
             const bool valid = n0 + word * 8 < p.n;
             cp_async16(sz + r * kWordsPerRow + word,
@@ -507,7 +524,19 @@ __global__ void __launch_bounds__(
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
 
-    auto compute_stage = [&](int slot_off, int stage) {
+    // Narrow row blocks (at most 8 rows inside M: decode at M <= 8) compute the transposed
+    // product, out^T = W^T a^T: the dequantized weights of sub-tiles 2w and 2w + 1 are, in the
+    // order they are computed (b[0..3]), the A fragment of the 16 x 16 tile W^T (rows = those 16
+    // columns, a0 / a1 = k 2t.. of columns g / g + 8, a2 / a3 = k 2t + 8..), and rows 0..7 of the
+    // activations (k 2t.. and 2t + 8.., one ldmatrix.x2) are the B fragment of a^T. One
+    // m16n8k16 then covers 16 columns x the 8 rows, half the MMAs of the 16-row tile; acc[0][w]
+    // holds column 16w + g (+ 8 for elements 2, 3) x rows 2t, 2t + 1 until the shuffles after
+    // the main loop put it back. Rows 8..15 of the activations are neither read nor stored.
+    constexpr bool kCanNarrow = C::kBlockM == 16 && kKWarps == 1;
+    const bool narrow = kCanNarrow && p.m - m0 <= 8;
+
+    auto compute_stage = [&](int slot_off, int stage, auto narrow_tag) {
+      constexpr bool kNarrow = decltype(narrow_tag)::value;
       const unsigned char* base = smem + slot_off;
       const T* sa = reinterpret_cast<const T*>(base);
       const int4* sb = reinterpret_cast<const int4*>(base + C::kABytes);
@@ -534,13 +563,20 @@ __global__ void __launch_bounds__(
       // Register double buffer of the A fragments and the packed weight vector per k step.
       uint32_t af[2][kMTiles][4];
       int4 bq[2];
+      // Narrow: only rows 0..7 (matrices 0 and 2 of the x4), as two consecutive registers, the
+      // pair the transposed MMA takes as its B operand (lanes 0..15 give the row addresses).
       auto fetch = [&](int kk, uint32_t (&a_frag)[kMTiles][4], int4& b_vec) {
+        if constexpr (kNarrow) {
+          const int row = lane % 8, chunk = kk * 2 + (lane / 8) % 2;
+          ldmatrix_x2(a_frag[0][0], a_frag[0][1], sa + row * kBlockK + ((chunk ^ row) * 8));
+        } else {
 #pragma unroll
-        for (int mi = 0; mi < kMTiles; ++mi) {
-          const int mat = lane / 8;
-          const int row = (warp_m * kMTiles + mi) * 16 + (lane % 8) + 8 * (mat & 1);
-          const int chunk = kk * 2 + (mat >> 1);
-          ldmatrix_x4(a_frag[mi], sa + row * kBlockK + ((chunk ^ (row & 7)) * 8));
+          for (int mi = 0; mi < kMTiles; ++mi) {
+            const int mat = lane / 8;
+            const int row = (warp_m * kMTiles + mi) * 16 + (lane % 8) + 8 * (mat & 1);
+            const int chunk = kk * 2 + (mat >> 1);
+            ldmatrix_x4(a_frag[mi], sa + row * kBlockK + ((chunk ^ (row & 7)) * 8));
+          }
         }
         b_vec = sb[(kk * kNWarps + warp_n) * 32 + lane];
       };
@@ -592,10 +628,14 @@ __global__ void __launch_bounds__(
             const T2 s = (j & 1) ? Tr::highs(spair[w]) : Tr::lows(spair[w]);
             b[j] = as_u32(__hmul2(v, s));
           }
+          if constexpr (kNarrow) {
+            mma_16816<T>(acc[0][w], b, af[i % 2][0][0], af[i % 2][0][1]);
+          } else {
 #pragma unroll
-          for (int mi = 0; mi < kMTiles; ++mi) {
-            mma_16816<T>(acc[mi][2 * w], af[i % 2][mi], b[0], b[2]);
-            mma_16816<T>(acc[mi][2 * w + 1], af[i % 2][mi], b[1], b[3]);
+            for (int mi = 0; mi < kMTiles; ++mi) {
+              mma_16816<T>(acc[mi][2 * w], af[i % 2][mi], b[0], b[2]);
+              mma_16816<T>(acc[mi][2 * w + 1], af[i % 2][mi], b[1], b[3]);
+            }
           }
         }
       }
@@ -609,17 +649,44 @@ __global__ void __launch_bounds__(
     }
     // Slice `it` is in slot it % kStages and slice it + kStages - 1 goes to slot (it - 1) %
     // kStages: byte offsets kept as a counter instead of a division per stage.
-    int compute_off = 0;
-    for (int it = 0; it < n_iters; ++it) {
-      cp_async_wait<C::kStages - 2>();
-      __syncthreads();  // slice `it` is visible to all, and slot (it - 1) % C::kStages is free
-      const int load_off =
-          compute_off == 0 ? (C::kStages - 1) * C::kStageBytes : compute_off - C::kStageBytes;
-      if (it + C::kStages - 1 < n_iters) load_stage(stage_begin + it + C::kStages - 1, load_off);
-      cp_async_commit();
-      compute_stage(compute_off, stage_begin + it);
-      compute_off += C::kStageBytes;
-      if (compute_off == C::kStages * C::kStageBytes) compute_off = 0;
+    auto main_loop = [&](auto narrow_tag) {
+      int compute_off = 0;
+      for (int it = 0; it < n_iters; ++it) {
+        cp_async_wait<C::kStages - 2>();
+        __syncthreads();  // slice `it` is visible to all, and slot (it - 1) % C::kStages is free
+        const int load_off =
+            compute_off == 0 ? (C::kStages - 1) * C::kStageBytes : compute_off - C::kStageBytes;
+        if (it + C::kStages - 1 < n_iters) load_stage(stage_begin + it + C::kStages - 1, load_off);
+        cp_async_commit();
+        compute_stage(compute_off, stage_begin + it, narrow_tag);
+        compute_off += C::kStageBytes;
+        if (compute_off == C::kStages * C::kStageBytes) compute_off = 0;
+      }
+    };
+    if (kCanNarrow && narrow) {
+      main_loop(std::true_type{});
+      // Back to the 16-row layout the epilogue uses (rows g + 8 are past M): row g, column
+      // 8j + 2t + e sits in lane 4 (2t + e) + g / 2, element 2 (j & 1) + (g & 1) of acc[0][j / 2].
+      float tr[4][4];
+#pragma unroll
+      for (int w = 0; w < 4; ++w)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) tr[w][e] = acc[0][w][e];
+#pragma unroll
+      for (int w = 0; w < 4; ++w)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int src = 4 * (2 * t + e) + g / 2;
+          float x[4];
+#pragma unroll
+          for (int q = 0; q < 4; ++q) x[q] = __shfl_sync(0xffffffffu, tr[w][q], src);
+          acc[0][2 * w][e] = (g & 1) ? x[1] : x[0];
+          acc[0][2 * w + 1][e] = (g & 1) ? x[3] : x[2];
+          acc[0][2 * w][2 + e] = 0.f;
+          acc[0][2 * w + 1][2 + e] = 0.f;
+        }
+    } else {
+      main_loop(std::false_type{});
     }
     cp_async_wait<0>();
 
