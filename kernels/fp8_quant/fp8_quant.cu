@@ -1,13 +1,15 @@
 // GPU kernels of FP8 E4M3 quantization (fp8_quant.h). Every element is stored as
-// fp8::from_float(x / scale): a correctly rounded fp32 division (not a multiplication by
-// 1 / scale), so that the bytes equal those of the plain-torch reference
-// `(x.float() / scale).clamp(-448, 448).to(e4m3)`.
+// fp8::from_float(x / scale), the quotient as the fp32 division gives it (Divisor: x times the
+// reciprocal, corrected once by fma; not a plain multiplication by 1 / scale), so that the bytes
+// equal those of the plain-torch reference `(x.float() / scale).clamp(-448, 448).to(e4m3)`.
 //
 // - Static and dynamic per-tensor quantization are elementwise over tiles of kUnroll vectors per
-//   thread (16-byte loads, 4- or 8-byte fp8 stores) on a grid of one wave of resident blocks;
-//   rows that are contiguous with each other are treated as one long row. Dynamic per-tensor
-//   runs two kernels (per-block maxima into a workspace, then a quantization pass whose blocks
-//   each reduce those maxima to the scale), or one single-block kernel for small inputs. The
+//   thread (16-byte loads, 4- or 8-byte fp8 stores); rows that are contiguous with each other are
+//   treated as one long row. Static: one tile a block, whose loads issue before the scale is
+//   read. Dynamic per-tensor runs two kernels (per-block maxima into a workspace, then a
+//   quantization pass whose blocks each reduce those maxima to the scale) on one wave of
+//   resident blocks; an input that is one row of up to 4096 vectors takes the per-token
+//   register-cached kernel (one block, one read), other small ones a single-block kernel. The
 //   workspace rather than an atomicMax on the scale's bits: nothing needs zeroing first (no
 //   memset launch, no reliance on the caller's scale), and the result does not depend on order.
 // - Per token: rows of up to 4096 vectors stay in registers between the max reduction and the
