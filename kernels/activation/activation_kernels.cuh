@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "activation/activation.h"
+#include "common/fast_div.h"
 #include "common/gpu.h"
 #include "common/vec.cuh"
 
@@ -93,8 +94,6 @@ __global__ void __launch_bounds__(kActThreads, act_min_blocks(K))
   }
 }
 
-inline int64_t act_ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
 inline bool act_aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 /// Picks the block shape (tx threads per row, ty rows per block) and grid, then launches.
@@ -106,15 +105,15 @@ gpuError_t act_and_mul_launch_vec(const Problem& p, gpuStream_t stream) {
   int64_t ty = kActThreads / tx;
   // With few rows, shrink the block so the grid still spreads over every SM.
   while (tx * ty > kActMinThreads &&
-         act_ceil_div(p.num_tokens, ty) * act_ceil_div(num_vecs, tx) < kActMinBlocks) {
+         ceil_div(p.num_tokens, ty) * ceil_div(num_vecs, tx) < kActMinBlocks) {
     if (ty > 1) {
       ty /= 2;
     } else {
       tx /= 2;
     }
   }
-  int64_t grid_x = act_ceil_div(num_vecs, tx);
-  int64_t grid_y = act_ceil_div(p.num_tokens, ty);
+  int64_t grid_x = ceil_div(num_vecs, tx);
+  int64_t grid_y = ceil_div(p.num_tokens, ty);
   if (grid_x > kActMaxGridX) grid_x = kActMaxGridX;
   if (grid_y > kActMaxGridY) grid_y = kActMaxGridY;
   const dim3 grid(static_cast<unsigned>(grid_x), static_cast<unsigned>(grid_y));

@@ -1,6 +1,6 @@
-// Division by a run-time constant as a multiply-high, an add and a shift, for index arithmetic
-// in kernels (a 32-bit integer division is ~20 dependent instructions, a 64-bit one a call).
-// Torch-free; host and device.
+// Integer division helpers for index arithmetic: ceil_div (host and device), and FastDiv, division
+// by a run-time constant as a multiply-high, an add and a shift in kernels (a 32-bit integer
+// division is ~20 dependent instructions, a 64-bit one a call). Torch-free.
 #pragma once
 
 #include <cstdint>
@@ -8,6 +8,9 @@
 #include "common/gpu.h"
 
 namespace aphrodite {
+
+/// a / b rounded up, for a >= 0 and b > 0 (grid sizes).
+__host__ __device__ constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 /// n / d for 0 <= n < 2^31 and a divisor 1 <= d < 2^31 fixed at launch (the round-up method of
 /// Granlund and Montgomery): q = (umulhi(n, mul) + n) >> shift, with 2^shift >= d and

@@ -457,8 +457,6 @@ __global__ void __launch_bounds__(kMaxRowThreads) per_token_streaming_kernel(con
 // Host side
 // ---------------------------------------------------------------------------------------------
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
 bool aligned(const void* p, int64_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
 /// SMs of the current device, for grids sized to the machine; looked up once per device.

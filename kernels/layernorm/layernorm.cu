@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "common/fast_div.h"
 #include "common/gpu.h"
 #include "common/vec.cuh"
 
@@ -346,8 +347,6 @@ __global__ void __launch_bounds__(kStreamThreads) rms_norm_streaming_kernel(cons
     }
   }
 }
-
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 

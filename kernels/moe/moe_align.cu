@@ -14,6 +14,7 @@
 
 #include <cstdint>
 
+#include "common/fast_div.h"
 #include "common/gpu.h"
 
 namespace aphrodite::moe {
@@ -220,8 +221,6 @@ __global__ void __launch_bounds__(kMaxThreads) moe_align_kernel(const AlignArgs<
     }
   }
 }
-
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 template <typename IdT>
 gpuError_t launch_typed(const MoeAlignProblem& p, gpuStream_t stream) {

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 
+#include "common/fast_div.h"
 #include "common/gpu.h"
 #include "common/vec.cuh"
 
@@ -123,8 +124,6 @@ __global__ void __launch_bounds__(kSplitVecs* kMaxUnrolledK)
 
 /// Problems of at most this many vectors (all tokens) take moe_sum_split_kernel.
 constexpr int64_t kSplitMaxVecs = 8192;
-
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 template <typename T, int kN, int kK>
 gpuError_t launch(const SumArgs<T>& a, gpuStream_t stream) {

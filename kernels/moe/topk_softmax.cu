@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "common/fast_div.h"
 #include "common/gpu.h"
 #include "common/vec.cuh"
 
@@ -247,8 +248,6 @@ __global__ void __launch_bounds__(kGenericThreads) topk_softmax_block_kernel(con
     }
   }
 }
-
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 template <typename T, int kLanes, int kPerLane>
 gpuError_t launch_group(const Args<T>& a, gpuStream_t stream) {

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "common/fast_div.h"
 #include "common/gpu.h"
 #include "common/vec.cuh"
 
@@ -159,8 +160,6 @@ __global__ void __launch_bounds__(kMaxThreads) rotary_kernel(const RotaryArgs<T,
     }
   }
 }
-
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 bool aligned_to(const void* p, int64_t bytes) {
   return reinterpret_cast<uintptr_t>(p) % static_cast<uintptr_t>(bytes) == 0;
