@@ -109,7 +109,8 @@ def bench_shape(k: int, n: int, ms_list: list[int], ws: torch.Tensor, copy_gbs: 
 
 SWEEP_MS = [1, 16, 32, 64, 128]
 SWEEP_SHAPES = [(8192, 8192), (8192, 28672), (28672, 8192)]
-# codegen/marlin.py SHAPES: (block rows, name); the k2 shapes are 8-warp twins of the 4-warp ones.
+# codegen/marlin.py SHAPES: (block rows, name); the k2 shapes are 8-warp twins of the 4-warp ones,
+# the w shapes the sm_90a wgmma blocks (built for 9.0a only).
 BLOCK_SHAPES = [
     (16, "m16n256"),
     (32, "m32n256"),
@@ -117,6 +118,8 @@ BLOCK_SHAPES = [
     (64, "m64n256"),
     (64, "m64n256k2"),
     (128, "m128n256"),
+    (64, "m64n256w"),
+    (128, "m128n256w"),
 ]
 # Config suffixes per block shape: none (the heuristic's split), ":<splits>" (split-K) and ":sk"
 # (stream-K over the blocks resident at once).

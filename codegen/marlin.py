@@ -49,11 +49,18 @@ class Shape:
     m_warps: int
     n_warps: int
     k_warps: int = 1
+    # sm_90a warpgroup MMA (wgmma) block: m_warps = 2 warpgroups of n_warps = 4 warps, each
+    # warpgroup multiplying half of every warp's 64 columns for all the block's rows
+    wgmma: bool = False
+
+    @property
+    def rows(self) -> int:
+        return 16 * self.m_tiles * self.m_warps
 
     @property
     def name(self) -> str:
         k = f"k{self.k_warps}" if self.k_warps > 1 else ""
-        return f"m{16 * self.m_tiles * self.m_warps}n{64 * self.n_warps}{k}"
+        return f"m{self.rows}n{64 * self.n_warps}{k}{'w' if self.wgmma else ''}"
 
 
 DTYPES = [DType("f16", "__half", "kFloat16"), DType("bf16", "__nv_bfloat16", "kBFloat16")]
@@ -71,8 +78,14 @@ SHAPES = [
     Shape(4, 1, 4),
     Shape(4, 1, 4, 2),
     Shape(4, 2, 4),
+    Shape(2, 2, 4, wgmma=True),
+    Shape(4, 2, 4, wgmma=True),
 ]
 DEFAULT_SHAPES = [s for s in SHAPES if s.k_warps == 1]
+# The wgmma blocks need the arch-specific sm_90a target (wgmma is not in plain sm_90): they are
+# generated only when the family is built for 9.0a; other archs of the same build compile them
+# to a trap that the dispatch never launches (it checks the device is sm_90).
+WGMMA_ARCH = "9.0a"
 TEMPLATES = ["marlin_instance.cu.j2", "marlin_dispatch.cu.j2"]
 
 
@@ -87,6 +100,15 @@ def grid(request: common.Request) -> list[tuple[DType, Weight, Group, Shape]]:
         if "shapes" in request.options
         else [s.name for s in DEFAULT_SHAPES]
     )
+    if not any(a.split("+")[0] == WGMMA_ARCH for a in request.archs):
+        wgmma = [s.name for s in SHAPES if s.wgmma and s.name in shapes]
+        if "shapes" in request.options and wgmma:
+            raise SystemExit(
+                f"generator option shapes: {','.join(wgmma)} need(s) the {WGMMA_ARCH} target, "
+                f"which the family's archs ({' '.join(request.archs) or 'none'}) leave out: "
+                f"request {WGMMA_ARCH} (e.g. TORCH_CUDA_ARCH_LIST=9.0a) or drop them"
+            )
+        shapes = [name for name in shapes if name not in wgmma]
     return [
         (d, w, g, s)
         for d in DTYPES
@@ -103,9 +125,10 @@ def grid(request: common.Request) -> list[tuple[DType, Weight, Group, Shape]]:
 def template_args(dtype: DType, weight: Weight, group: Group, shape: Shape) -> str:
     """The template arguments of launch_gemm_instance<> for one grid point."""
     grouped = "true" if group.grouped else "false"
+    wgmma = "true" if shape.wgmma else "false"
     return (
         f"{dtype.cpp}, WeightType::{weight.enum}, {grouped}, "
-        f"{shape.m_tiles}, {shape.m_warps}, {shape.n_warps}, {shape.k_warps}"
+        f"{shape.m_tiles}, {shape.m_warps}, {shape.n_warps}, {shape.k_warps}, {wgmma}"
     )
 
 

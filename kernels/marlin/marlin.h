@@ -126,13 +126,15 @@ struct GemmProblem {
   ScalarType dtype;    ///< kFloat16 or kBFloat16
   WeightType weight_type;
   int sm_count;  ///< of the device, for the split heuristic
+  int arch = 0;  ///< the device's compute capability, 10 * major + minor (wgmma blocks: 90)
 };
 
 /// One entry of the thread-block shape grid (codegen/marlin.py SHAPES).
 struct BlockShape {
-  int m_tiles;      ///< m16 tiles per block (block rows = 16 * m_tiles)
-  int n_warps;      ///< warps side by side along n (block columns = 64 * n_warps)
-  int k_warps = 1;  ///< groups of warps that split each k slice of the block's tile
+  int m_tiles;         ///< m16 tiles per block (block rows = 16 * m_tiles)
+  int n_warps;         ///< warps side by side along n (block columns = 64 * n_warps)
+  int k_warps = 1;     ///< groups of warps that split each k slice of the block's tile
+  bool wgmma = false;  ///< sm_90a warpgroup MMA block (marlin_gemm.cuh Config), sm_90 only
 };
 
 /// What the dispatcher chose for a problem, for tests and benchmarks.

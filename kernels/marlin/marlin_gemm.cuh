@@ -32,6 +32,7 @@
 
 #include "common/fast_div.h"
 #include "common/gpu.h"
+#include "common/wgmma.cuh"
 #include "marlin/marlin.h"
 
 namespace aphrodite::marlin::detail {
@@ -119,6 +120,15 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
 /// 2t + 1 of each.
 __device__ __forceinline__ void ldmatrix_x2(uint32_t& r0, uint32_t& r1, const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
+               : "=r"(r0), "=r"(r1)
+               : "r"(smem_addr(p))
+               : "memory");
+}
+
+/// ldmatrix_x2 with .trans (row addresses from lanes 0..15): lane l gets rows 2 (l % 4) and
+/// 2 (l % 4) + 1 of column l / 4 of each of the two 8 x 8 matrices.
+__device__ __forceinline__ void ldmatrix_x2_trans(uint32_t& r0, uint32_t& r1, const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n"
                : "=r"(r0), "=r"(r1)
                : "r"(smem_addr(p))
                : "memory");
@@ -231,9 +241,16 @@ inline int64_t max_contributors(int64_t col_blocks, int64_t num_stages, int64_t 
   return most;
 }
 
-/// Compile-time facts of one instantiation.
+/// Shared memory a wgmma block (sm_90 only, up to 227 KiB there) may take.
+constexpr int kWgmmaSmemBudget = 200 * 1024;
+
+/// Compile-time facts of one instantiation. kWgmma (sm_90a): the block is kMWarps warpgroups
+/// (kMWarps = 2) of kNWarps = 4 warps that share all kBlockM rows; warpgroup r multiplies words
+/// 2r and 2r + 1 of every lane's weight vector (sub-tiles 4r..4r+3 of each warp's 64 columns)
+/// on the transposed product out^T = W^T a^T, the dequantized weights as wgmma's register A
+/// (64 columns: 16 per warp) and the activations as its shared-memory B (kBlockM rows).
 template <typename T, WeightType kWeight, bool kGrouped, int kMTiles, int kMWarps, int kNWarps,
-          int kKWarps>
+          int kKWarps, bool kWgmma>
 struct Config {
   static constexpr int kThreads = 32 * kMWarps * kNWarps * kKWarps;
   static constexpr int kWarpKSteps = kKSteps / kKWarps;  ///< k steps per warp per stage
@@ -245,21 +262,31 @@ struct Config {
   static constexpr int kSBytes = kGrouped ? 2 * kBlockN * 2 : 0;  // 2 scale rows
   static constexpr bool kZeros = kWeight == WeightType::kUint4;
   static constexpr int kZBytes = (kGrouped && kZeros) ? 2 * kBlockN / 2 : 0;  // 2 zero rows
-  static constexpr int kStageBytes = kABytes + kBBytes + kSBytes + kZBytes;
+  /// wgmma reads the activations of a stage through a swizzle whose phase is the address's
+  /// bits 7..9: every stage starts on a 1024-byte boundary.
+  static constexpr int kStageBytes =
+      kWgmma ? (kABytes + kBBytes + kSBytes + kZBytes + 1023) / 1024 * 1024
+             : kABytes + kBBytes + kSBytes + kZBytes;
+  static_assert(!kWgmma || (kMWarps == 2 && kNWarps == 4 && kKWarps == 1 &&
+                            (kBlockM == 64 || kBlockM == 128)),
+                "a wgmma block is 2 warpgroups of 4 warps, 64 or 128 rows (wgmma n)");
+  static constexpr int kBudget = kWgmma ? kWgmmaSmemBudget : kSmemBudget;
   /// Decode blocks (16 rows) stream weights with little compute per byte: their run time is
   /// the weight bytes in flight per SM divided into the memory latency, so they get a deeper
   /// pipeline (6 stages, ~69 KiB: still 3 blocks per SM); taller blocks get 4 stages where
   /// they fit in kSmemBudget, else 3 (the 128-row block).
-  static constexpr int kStages = kBlockM <= 16 && kDecodeStages * kStageBytes <= kSmemBudget
+  static constexpr int kStages = kBlockM <= 16 && kDecodeStages * kStageBytes <= kBudget
                                      ? kDecodeStages
-                                 : kMaxStages * kStageBytes <= kSmemBudget ? kMaxStages
-                                                                           : 3;
+                                 : kMaxStages * kStageBytes <= kBudget ? kMaxStages
+                                                                       : 3;
   /// k warps > 1: the warps of k group r > 0 hand their accumulators to group 0 through shared
   /// memory after the main loop, one group per round (reusing the pipeline's buffers).
   static constexpr int kReduceBytes = kKWarps > 1 ? kMWarps * kNWarps * 32 * kMTiles * 32 * 4 : 0;
   static constexpr int kSmemBytes =
       kStages * kStageBytes > kReduceBytes ? kStages * kStageBytes : kReduceBytes;
-  static_assert(kSmemBytes <= kSmemBudget, "a block shape's pipeline must fit every target arch");
+  static_assert(kSmemBytes <= kBudget, "a block shape's pipeline must fit every target arch");
+  /// Dynamic shared memory to ask for: a wgmma block aligns its pipeline up to 1024 bytes.
+  static constexpr int kSmemAlloc = kWgmma ? kSmemBytes + 1024 : kSmemBytes;
   /// Resident blocks per SM that ptxas plans registers for (__launch_bounds__): 3 for the 4-warp
   /// blocks of 16 and 32 rows (at most 170 registers), which shared memory allows 3 per SM on
   /// sm_90. Without it ptxas 13.0 gave the bf16 uint4b8 decode block 96 registers and a spill,
@@ -270,15 +297,18 @@ struct Config {
 };
 
 template <typename T, WeightType kWeight, bool kGrouped, int kMTiles, int kMWarps, int kNWarps,
-          int kKWarps>
+          int kKWarps, bool kWgmma>
 __global__ void __launch_bounds__(
-    Config<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps, kKWarps>::kThreads,
-    Config<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps, kKWarps>::kMinBlocks)
+    Config<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps, kKWarps, kWgmma>::kThreads,
+    Config<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps, kKWarps, kWgmma>::kMinBlocks)
     gemm_kernel(const GemmProblem p, const FastDiv group_div) {
-  using C = Config<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps, kKWarps>;
+  using C = Config<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps, kKWarps, kWgmma>;
   using Tr = Traits<T>;
   using T2 = typename Tr::T2;
-  extern __shared__ __align__(16) unsigned char smem[];
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  // A wgmma block's pipeline starts at the next 1024-byte boundary (C::kSmemAlloc has room).
+  unsigned char* const smem =
+      kWgmma ? smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u) : smem_raw;
 
   const int tid = threadIdx.x;
   const int warp = tid / 32, lane = tid % 32;
@@ -483,23 +513,29 @@ __global__ void __launch_bounds__(
       return Tr::kHighNibbleFma && (j & 1) != 0 ? zero * 0x100010u + Tr::kHighBias
                                                 : zero * 0x10001u + Tr::kMagic;
     };
-    T2 spair[4];
-    uint32_t zsub[8];
+    // A wgmma warp dequantizes only words word0 and word0 + 1 of its lane's vector (sub-tiles
+    // 2 word0 .. 2 word0 + 3): its constants are those of these kWords words, and spair[i] /
+    // zsub[j] below count from word0 / sub-tile 2 word0.
+    constexpr int kWords = kWgmma ? 2 : 4;
+    const int word0 = kWgmma ? 2 * warp_m : 0;
+    T2 spair[kWords];
+    uint32_t zsub[2 * kWords];
 #pragma unroll
-    for (int j = 0; j < 8; ++j) zsub[j] = zero_pair(j, 8);  // uint4b8: zero 8
+    for (int j = 0; j < 2 * kWords; ++j) zsub[j] = zero_pair(j, 8);  // uint4b8: zero 8
     // The zero points of the warp's columns: nibble g of the 8 words at zrow (plain order,
     // word j holds the columns 8j..8j+7 of the warp's 64); an integer multiply-add sets both
     // lanes' mantissa bits (zero_pair).
     auto set_zeros = [&](const int32_t* zrow) {
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        zsub[j] = zero_pair(j, (static_cast<uint32_t>(zrow[j]) >> (4 * g)) & 0xfu);
+      for (int j = 0; j < 2 * kWords; ++j) {
+        zsub[j] = zero_pair(j, (static_cast<uint32_t>(zrow[2 * word0 + j]) >> (4 * g)) & 0xfu);
       }
     };
     // Lane l's row of the 8 x 8 matrix of the warp's scales (row j: sub-tile j's 8 columns, 16
-    // bytes) for ldmatrix_x4_trans: matrix i gives lane (g, t) rows 2t and 2t + 1 of column g,
-    // so with row 2i + (r & 1) at its rows r, register i is {s(2i), s(2i + 1)} of column g.
-    const int s_lane = warp_n * kTileN + (2 * (lane / 8) + (lane & 1)) * 8;
+    // bytes) for ldmatrix_x4_trans (x2 for a wgmma warp's 2 words): matrix i gives lane (g, t)
+    // rows 2t and 2t + 1 of column g, so with row 2 (word0 + i) + (r & 1) at its rows r,
+    // register i is {s(2i), s(2i + 1)} of column g, counted from sub-tile 2 word0.
+    const int s_lane = warp_n * kTileN + (2 * (word0 + (lane / 8) % kWords) + (lane & 1)) * 8;
 
     if constexpr (!kGrouped) {
       // One group per channel: the constants never change; read them once from global memory.
@@ -507,15 +543,48 @@ __global__ void __launch_bounds__(
       if (col < p.n) {
         const T* srow = scales + col + g;
 #pragma unroll
-        for (int i = 0; i < 4; ++i) spair[i] = T2{srow[16 * i], srow[16 * i + 8]};
+        for (int i = 0; i < kWords; ++i) {
+          spair[i] = T2{srow[16 * (word0 + i)], srow[16 * (word0 + i) + 8]};
+        }
         if constexpr (C::kZeros) set_zeros(p.zeros + col / 8);
       } else {
         // Columns past N: never stored; zero scales keep them finite.
 #pragma unroll
-        for (int i = 0; i < 4; ++i) spair[i] = as_t2<T2>(0u);
+        for (int i = 0; i < kWords; ++i) spair[i] = as_t2<T2>(0u);
       }
     }
 
+    // Word word0 + w of a lane's weight vector (sub-tiles 2w and 2w + 1 of its words) as
+    // the four registers b[j] (nibble pairs (j, j + 4) for j = 0..3: b01 of sub-tile 2w, b01 of
+    // 2w+1, b23 of 2w, b23 of 2w+1; marlin.h), dequantized and scaled. bf16: each pair shifted to
+    // bits 0..3 and 16..19, ORed into the magic's mantissa, minus magic + zero. fp16: only pairs
+    // 2 and 3 are shifted (by 8); pairs 1 and 3 are taken in bits 4..7 and 20..23 and scaled
+    // down by the HFMA2 that removes the bias (Traits kHighNibbleFma).
+    auto dequant_word = [&](int w, uint32_t word, uint32_t (&b)[4]) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int tile = 2 * w + (j & 1);
+        T2 v;
+        if constexpr (Tr::kHighNibbleFma) {
+          const uint32_t src = j < 2 ? word : word >> 8;
+          if (j & 1) {
+            v = __hfma2(as_t2<T2>(lop3_and_or(src, 0x00f000f0u, Tr::kMagic)),
+                        as_t2<T2>(Tr::kSixteenth), as_t2<T2>(zsub[tile]));
+          } else {
+            v = __hsub2(as_t2<T2>(lop3_and_or(src, 0x000f000fu, Tr::kMagic)),
+                        as_t2<T2>(zsub[tile]));
+          }
+        } else {
+          v = __hsub2(as_t2<T2>(lop3_and_or(word >> (4 * j), 0x000f000fu, Tr::kMagic)),
+                      as_t2<T2>(zsub[tile]));
+        }
+        const T2 s = (j & 1) ? Tr::highs(spair[w]) : Tr::lows(spair[w]);
+        b[j] = as_u32(__hmul2(v, s));
+      }
+    };
+
+    // wgmma blocks: acc, as kBlockM floats, is the accumulators of warpgroup warp_m's two
+    // products (word 2 warp_m + h at acc_flat + h * kBlockM / 2; wgmma.cuh gives their layout).
     float acc[kMTiles][8][4];
 #pragma unroll
     for (int i = 0; i < kMTiles; ++i)
@@ -535,31 +604,40 @@ __global__ void __launch_bounds__(
     constexpr bool kCanNarrow = C::kBlockM == 16 && kKWarps == 1;
     const bool narrow = kCanNarrow && p.m - m0 <= 8;
 
+    // The slice's k steps fall in at most two groups (group_size >= 32, a multiple of 16): row
+    // 0 of the slice's scales up to k step `boundary` (>= 1), row 1 from there on (when
+    // boundary < kKSteps), found from the first step's offset in its group (one FastDiv per
+    // slice). A warp loads its first step's row, and reloads only at the boundary.
+    auto group_boundary = [&](int stage) {
+      return kGrouped
+                 ? group_tiles - (stage * kKSteps -
+                                  static_cast<int>(group_div.div(stage * kBlockK)) * group_tiles)
+                 : kKSteps;
+    };
+    // Scale (and zero) row r of the slice in the pipeline slot at `base`.
+    auto load_group = [&](const unsigned char* base, int r) {
+      const T* ss = reinterpret_cast<const T*>(base + C::kABytes + C::kBBytes);
+      uint32_t sp[4];
+      if constexpr (kWords == 4) {
+        ldmatrix_x4_trans(sp, ss + r * C::kBlockN + s_lane);
+      } else {
+        ldmatrix_x2_trans(sp[0], sp[1], ss + r * C::kBlockN + s_lane);
+      }
+#pragma unroll
+      for (int q = 0; q < kWords; ++q) spair[q] = as_t2<T2>(sp[q]);
+      if constexpr (C::kZeros) {
+        const int32_t* sz =
+            reinterpret_cast<const int32_t*>(base + C::kABytes + C::kBBytes + C::kSBytes);
+        set_zeros(sz + r * (C::kBlockN / 8) + warp_n * (kTileN / 8));
+      }
+    };
+
     auto compute_stage = [&](int slot_off, int stage, auto narrow_tag) {
       constexpr bool kNarrow = decltype(narrow_tag)::value;
       const unsigned char* base = smem + slot_off;
       const T* sa = reinterpret_cast<const T*>(base);
       const int4* sb = reinterpret_cast<const int4*>(base + C::kABytes);
-      // The slice's k steps fall in at most two groups (group_size >= 32, a multiple of 16): row
-      // 0 of the slice's scales up to k step `boundary` (>= 1), row 1 from there on (when
-      // boundary < kKSteps), found from the first step's offset in its group (one FastDiv per
-      // slice). A warp loads its first step's row, and reloads only at the boundary.
-      const int boundary =
-          kGrouped ? group_tiles - (stage * kKSteps -
-                                    static_cast<int>(group_div.div(stage * kBlockK)) * group_tiles)
-                   : kKSteps;
-      auto load_group = [&](int r) {
-        const T* ss = reinterpret_cast<const T*>(base + C::kABytes + C::kBBytes);
-        uint32_t sp[4];
-        ldmatrix_x4_trans(sp, ss + r * C::kBlockN + s_lane);
-#pragma unroll
-        for (int q = 0; q < 4; ++q) spair[q] = as_t2<T2>(sp[q]);
-        if constexpr (C::kZeros) {
-          const int32_t* sz =
-              reinterpret_cast<const int32_t*>(base + C::kABytes + C::kBBytes + C::kSBytes);
-          set_zeros(sz + r * (C::kBlockN / 8) + warp_n * (kTileN / 8));
-        }
-      };
+      const int boundary = group_boundary(stage);
       // Register double buffer of the A fragments and the packed weight vector per k step.
       uint32_t af[2][kMTiles][4];
       int4 bq[2];
@@ -588,9 +666,9 @@ __global__ void __launch_bounds__(
         const int kk = kk0 + i;
         if constexpr (kGrouped) {
           if (i == 0) {
-            load_group(kk >= boundary ? 1 : 0);
+            load_group(base, kk >= boundary ? 1 : 0);
           } else if (kk == boundary) {  // uniform over the block
-            load_group(1);
+            load_group(base, 1);
           }
         }
         // This step's fragments were fetched during the previous step; fetch the next step's now,
@@ -602,32 +680,8 @@ __global__ void __launch_bounds__(
                                    static_cast<uint32_t>(packed.w)};
 #pragma unroll
         for (int w = 0; w < 4; ++w) {
-          // Nibble pairs (j, j + 4) for j = 0..3: b01 of sub-tile 2w, b01 of 2w+1, b23 of 2w,
-          // b23 of 2w+1 (marlin.h). bf16: each pair shifted to bits 0..3 and 16..19, ORed into
-          // the magic's mantissa, minus magic + zero. fp16: only pairs 2 and 3 are shifted (by
-          // 8); pairs 1 and 3 are taken in bits 4..7 and 20..23 and scaled down by the HFMA2
-          // that removes the bias (Traits kHighNibbleFma).
           uint32_t b[4];
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            const int tile = 2 * w + (j & 1);
-            T2 v;
-            if constexpr (Tr::kHighNibbleFma) {
-              const uint32_t src = j < 2 ? words[w] : words[w] >> 8;
-              if (j & 1) {
-                v = __hfma2(as_t2<T2>(lop3_and_or(src, 0x00f000f0u, Tr::kMagic)),
-                            as_t2<T2>(Tr::kSixteenth), as_t2<T2>(zsub[tile]));
-              } else {
-                v = __hsub2(as_t2<T2>(lop3_and_or(src, 0x000f000fu, Tr::kMagic)),
-                            as_t2<T2>(zsub[tile]));
-              }
-            } else {
-              v = __hsub2(as_t2<T2>(lop3_and_or(words[w] >> (4 * j), 0x000f000fu, Tr::kMagic)),
-                          as_t2<T2>(zsub[tile]));
-            }
-            const T2 s = (j & 1) ? Tr::highs(spair[w]) : Tr::lows(spair[w]);
-            b[j] = as_u32(__hmul2(v, s));
-          }
+          dequant_word(w, words[w], b);
           if constexpr (kNarrow) {
             mma_16816<T>(acc[0][w], b, af[i % 2][0][0], af[i % 2][0][1]);
           } else {
@@ -638,6 +692,49 @@ __global__ void __launch_bounds__(
             }
           }
         }
+      }
+    };
+
+    // A wgmma block's stage: per k step, each warp dequantizes words 2 warp_m and 2 warp_m + 1
+    // of its lane's weight vector into two A fragments (16 of its columns each: wgmma.cuh's
+    // register A, rows g / g + 8 = sub-tiles 2w / 2w + 1) and its warpgroup issues two
+    // m64 n(kBlockM) k16 products against the stage's activations (B, read in place: the
+    // activation tile's XOR swizzle is the 128-byte swizzle). The fragments are double-buffered:
+    // a step waits for the products of the step before last, whose registers it reuses; the
+    // stage ends with none in flight, so that its slot may be refilled after the next barrier.
+    auto compute_stage_wgmma = [&](int slot_off, int stage) {
+      if constexpr (kWgmma) {
+        const unsigned char* base = smem + slot_off;
+        const int2* sb = reinterpret_cast<const int2*>(base + C::kABytes);
+        const int boundary = group_boundary(stage);
+        int2 packed[kKSteps];
+#pragma unroll
+        for (int kk = 0; kk < kKSteps; ++kk) {
+          packed[kk] = sb[((kk * kNWarps + warp_n) * 32 + lane) * 2 + warp_m];
+        }
+        const uint64_t desc = wgmma::desc_k_sw128(smem_addr(base));
+        uint32_t af[2][2][4];
+#pragma unroll
+        for (int kk = 0; kk < kKSteps; ++kk) {
+          if constexpr (kGrouped) {
+            if (kk == 0) {
+              load_group(base, 0);        // boundary >= 1
+            } else if (kk == boundary) {  // uniform over the block
+              load_group(base, 1);
+            }
+          }
+          dequant_word(0, static_cast<uint32_t>(packed[kk].x), af[kk % 2][0]);
+          dequant_word(1, static_cast<uint32_t>(packed[kk].y), af[kk % 2][1]);
+          wgmma::fence();
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            wgmma::WgmmaRs<T, C::kBlockM>::mma(&acc[0][0][0] + h * (C::kBlockM / 2), af[kk % 2][h],
+                                               desc + 2 * kk, 1);
+          }
+          wgmma::commit();
+          if (kk + 1 < kKSteps) wgmma::wait<1>();
+        }
+        wgmma::wait<0>();
       }
     };
 
@@ -653,12 +750,17 @@ __global__ void __launch_bounds__(
       int compute_off = 0;
       for (int it = 0; it < n_iters; ++it) {
         cp_async_wait<C::kStages - 2>();
+        if constexpr (kWgmma) wgmma::fence_proxy_async();  // the copies, for wgmma's reads
         __syncthreads();  // slice `it` is visible to all, and slot (it - 1) % C::kStages is free
         const int load_off =
             compute_off == 0 ? (C::kStages - 1) * C::kStageBytes : compute_off - C::kStageBytes;
         if (it + C::kStages - 1 < n_iters) load_stage(stage_begin + it + C::kStages - 1, load_off);
         cp_async_commit();
-        compute_stage(compute_off, stage_begin + it, narrow_tag);
+        if constexpr (kWgmma) {
+          compute_stage_wgmma(compute_off, stage_begin + it);
+        } else {
+          compute_stage(compute_off, stage_begin + it, narrow_tag);
+        }
         compute_off += C::kStageBytes;
         if (compute_off == C::kStages * C::kStageBytes) compute_off = 0;
       }
@@ -689,6 +791,28 @@ __global__ void __launch_bounds__(
       main_loop(std::false_type{});
     }
     cp_async_wait<0>();
+
+    if constexpr (kWgmma) {
+      // The accumulators, written behind the compiler's back, are final (the last stage waited
+      // for its products). Lane (g, t) holds, for word h and 8-row group j, columns g (sub-tiles
+      // 2w and 2w + 1, w = 2 warp_m + h) x rows 8j + 2t, 8j + 2t + 1; one exchange with lane
+      // g ^ 1 makes each element pair two adjacent columns of one row, the pairs the epilogue
+      // stores: lane g even keeps row 8j + 2t, columns g, g + 1; g odd row 8j + 2t + 1, columns
+      // g - 1, g.
+      float* accf = &acc[0][0][0];
+#pragma unroll
+      for (int i = 0; i < C::kBlockM; ++i) wgmma::fence_operand(accf[i]);
+#pragma unroll
+      for (int i = 0; i < C::kBlockM; i += 2) {
+        const float give = (g & 1) ? accf[i] : accf[i + 1];
+        const float got = __shfl_xor_sync(0xffffffffu, give, 4);
+        if (g & 1) {
+          accf[i] = got;
+        } else {
+          accf[i + 1] = got;
+        }
+      }
+    }
 
     if constexpr (kKWarps > 1) {
       // In-block reduction over the k groups, in group order (deterministic): group r > 0 stores
@@ -739,18 +863,35 @@ __global__ void __launch_bounds__(
     auto for_each_pair = [&](auto&& fn) {
       if (kKWarps > 1 && warp_k != 0) return;
       if (n0 + warp_n * kTileN >= p.n) return;
+      if constexpr (kWgmma) {  // the pairs after the exchange above
+        float* accf = &acc[0][0][0];
 #pragma unroll
-      for (int mi = 0; mi < kMTiles; ++mi)
+        for (int h = 0; h < 2; ++h)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int64_t row = m0 + (warp_m * kMTiles + mi) * 16 + g + 8 * h;
-          if (row >= p.m) continue;
+          for (int j = 0; j < C::kBlockM / 8; ++j) {
+            const int64_t row = m0 + 8 * j + 2 * t + (g & 1);
+            if (row >= p.m) continue;
 #pragma unroll
-          for (int j = 0; j < 8; ++j) {
-            const int64_t col = n0 + warp_n * kTileN + 8 * j + 2 * t;
-            fn(row, col, acc[mi][j][2 * h], acc[mi][j][2 * h + 1]);
+            for (int s = 0; s < 2; ++s) {
+              const int64_t col = n0 + warp_n * kTileN + 8 * (4 * warp_m + 2 * h + s) + (g & ~1);
+              float* v = accf + h * (C::kBlockM / 2) + 4 * j + 2 * s;
+              fn(row, col, v[0], v[1]);
+            }
           }
-        }
+      } else {
+#pragma unroll
+        for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int64_t row = m0 + (warp_m * kMTiles + mi) * 16 + g + 8 * h;
+            if (row >= p.m) continue;
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+              const int64_t col = n0 + warp_n * kTileN + 8 * j + 2 * t;
+              fn(row, col, acc[mi][j][2 * h], acc[mi][j][2 * h + 1]);
+            }
+          }
+      }
     };
 
     // Read again after the main loop rather than kept in registers through it.
@@ -809,10 +950,10 @@ __global__ void __launch_bounds__(
 /// a repeat from a racing thread is harmless) and returns its resident blocks per SM there
 /// (queried once per device; the split heuristic needs it on every call).
 template <typename T, WeightType kWeight, bool kGrouped, int kMTiles, int kMWarps, int kNWarps,
-          int kKWarps>
+          int kKWarps, bool kWgmma>
 gpuError_t configure_instance(int* blocks_per_sm) {
-  using C = Config<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps, kKWarps>;
-  auto kernel = gemm_kernel<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps, kKWarps>;
+  using C = Config<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps, kKWarps, kWgmma>;
+  auto kernel = gemm_kernel<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps, kKWarps, kWgmma>;
   constexpr int kMaxDevices = 64;
   static std::atomic<int> occupancy[kMaxDevices];  // 0: not configured yet
   int device = 0;
@@ -820,10 +961,10 @@ gpuError_t configure_instance(int* blocks_per_sm) {
   if (err != gpuSuccess) return err;
   int blocks = device < kMaxDevices ? occupancy[device].load(std::memory_order_relaxed) : 0;
   if (blocks == 0) {
-    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemAlloc);
     if (err != gpuSuccess) return err;
     err =
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, C::kThreads, C::kSmemBytes);
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, C::kThreads, C::kSmemAlloc);
     if (err != gpuSuccess) return err;
     if (blocks < 1) blocks = 1;
     if (device < kMaxDevices) occupancy[device].store(blocks, std::memory_order_relaxed);
@@ -838,10 +979,10 @@ gpuError_t configure_instance(int* blocks_per_sm) {
 /// needs p.partials (max_contributors(...) x M x N floats) and a counter (of col tiles x row
 /// blocks) in p.counters.
 template <typename T, WeightType kWeight, bool kGrouped, int kMTiles, int kMWarps, int kNWarps,
-          int kKWarps>
+          int kKWarps, bool kWgmma>
 gpuError_t launch_gemm_instance(const GemmProblem& p, int workers, gpuStream_t stream) {
-  using C = Config<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps, kKWarps>;
-  auto kernel = gemm_kernel<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps, kKWarps>;
+  using C = Config<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps, kKWarps, kWgmma>;
+  auto kernel = gemm_kernel<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps, kKWarps, kWgmma>;
   if (p.k <= 0 || p.k > (int64_t{1} << 30)) return cudaErrorInvalidValue;  // 32-bit k in the kernel
   if (kGrouped && (p.group_size < 32 || p.group_size % kTileK != 0)) return cudaErrorInvalidValue;
   const int64_t units = (p.n + C::kBlockN - 1) / C::kBlockN * ((p.k + kBlockK - 1) / kBlockK);
@@ -852,13 +993,13 @@ gpuError_t launch_gemm_instance(const GemmProblem& p, int workers, gpuStream_t s
     return cudaErrorInvalidValue;
   }
   gpuError_t err =
-      configure_instance<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps, kKWarps>(nullptr);
+      configure_instance<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps, kKWarps, kWgmma>(nullptr);
   if (err != gpuSuccess) return err;
   const dim3 grid(static_cast<unsigned>(workers),
                   static_cast<unsigned>((p.m + C::kBlockM - 1) / C::kBlockM));
   // Grouped kernels only divide by the group size (>= 32, the binding checks).
   const FastDiv group_div(kGrouped ? static_cast<uint32_t>(p.group_size) : 2u);
-  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(p, group_div);
+  kernel<<<grid, C::kThreads, C::kSmemAlloc, stream>>>(p, group_div);
   return gpuGetLastError();
 }
 

@@ -101,12 +101,13 @@ at::Tensor awq_marlin_repack(const at::Tensor& b_q_weight, int64_t size_k, int64
 
 #if defined(APHRODITE_BACKEND_GPU) && APHRODITE_FAMILY_BUILT
 /// The dispatch's plan, or, for tuning only, the one APHRODITE_MARLIN_CONFIG forces:
-/// "m<rows>n<cols>[k<k warps>]" (a thread-block shape of codegen/marlin.py SHAPES, e.g. m16n256
-/// or m64n256k2) with an optional ":<splits>" (k slices; without it the heuristic's split for
-/// that shape) or ":sk[<blocks>]" (stream-K over <blocks> blocks per row of blocks; without a
-/// number the blocks resident at once). Read on every call (a getenv), so a benchmark can sweep
-/// configurations in one process (benchmarks/bench_marlin.py --sweep). Every configuration
-/// computes the same result up to fp32 summation order; an unknown or unbuilt shape raises.
+/// "m<rows>n<cols>[k<k warps>][w]" (a thread-block shape of codegen/marlin.py SHAPES, e.g.
+/// m16n256, m64n256k2, or m128n256w: w for the sm_90a wgmma blocks) with an optional ":<splits>" (k
+/// slices; without it the heuristic's split for that shape) or ":sk[<blocks>]" (stream-K over
+/// <blocks> blocks per row of blocks; without a number the blocks resident at once). Read on every
+/// call (a getenv), so a benchmark can sweep configurations in one process
+/// (benchmarks/bench_marlin.py --sweep). Every configuration computes the same result up to fp32
+/// summation order; an unknown or unbuilt shape raises.
 marlin::GemmPlan plan_for(const char* op, const marlin::GemmProblem& p) {
   const char* forced = std::getenv("APHRODITE_MARLIN_CONFIG");
   if (forced == nullptr || forced[0] == '\0') return marlin::plan_gemm(p);
@@ -118,6 +119,11 @@ marlin::GemmPlan plan_for(const char* op, const marlin::GemmProblem& p) {
     used = 0;
     ok = std::sscanf(rest, "k%d%n", &k_warps, &used) == 1 && k_warps >= 1;
     rest += used;
+  }
+  bool wgmma = false;
+  if (ok && *rest == 'w') {
+    wgmma = true;
+    ++rest;
   }
   if (ok && rest[0] == ':' && rest[1] == 's' && rest[2] == 'k') {
     stream_k = true;
@@ -135,9 +141,12 @@ marlin::GemmPlan plan_for(const char* op, const marlin::GemmProblem& p) {
   ok = ok && *rest == '\0';
   TORCH_CHECK(ok && rows > 0 && rows % 16 == 0 && cols > 0 && cols % 64 == 0, op,
               ": APHRODITE_MARLIN_CONFIG='", forced,
-              "' is not 'm<rows>n<cols>[k<k warps>][:<splits>|:sk[<blocks>]]' ",
-              "(e.g. m16n256:4, m64n256k2, m64n256:sk)");
-  const marlin::BlockShape shape{rows / 16, cols / 64, k_warps};
+              "' is not 'm<rows>n<cols>[k<k warps>][w][:<splits>|:sk[<blocks>]]' ",
+              "(e.g. m16n256:4, m64n256k2, m64n256:sk, m128n256w:sk)");
+  TORCH_CHECK(!wgmma || p.arch == 90, op, ": APHRODITE_MARLIN_CONFIG='", forced,
+              "' names a wgmma block shape, which runs on sm_90 only (this device is sm_", p.arch,
+              ")");
+  const marlin::BlockShape shape{rows / 16, cols / 64, k_warps, wgmma};
   const marlin::GemmPlan plan = stream_k ? marlin::plan_gemm_stream_k(p, shape, splits)
                                          : marlin::plan_gemm_with(p, shape, splits);
   TORCH_CHECK(plan.shape.m_tiles != 0, op, ": APHRODITE_MARLIN_CONFIG='", forced,
@@ -275,14 +284,23 @@ at::Tensor gptq_marlin_gemm(
   if (size_m == 0) return out;
 
   const c10::cuda::OptionalCUDAGuard guard(a.device());
-  // SM count per device, asked once (the split heuristic needs it on every call).
+  // SM count and compute capability per device, asked once (the dispatch needs them on every
+  // call).
   constexpr int kMaxDevices = 64;
-  static std::atomic<int> sm_counts[kMaxDevices];
+  static std::atomic<int> sm_counts[kMaxDevices], archs[kMaxDevices];
   const int device = a.device().index();
   int sm_count = device < kMaxDevices ? sm_counts[device].load(std::memory_order_relaxed) : 0;
-  if (sm_count == 0) {
+  int arch = device < kMaxDevices ? archs[device].load(std::memory_order_relaxed) : 0;
+  if (sm_count == 0 || arch == 0) {
+    int major = 0, minor = 0;
     check_launch(op, cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device));
-    if (device < kMaxDevices) sm_counts[device].store(sm_count, std::memory_order_relaxed);
+    check_launch(op, cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    check_launch(op, cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+    arch = 10 * major + minor;
+    if (device < kMaxDevices) {
+      sm_counts[device].store(sm_count, std::memory_order_relaxed);
+      archs[device].store(arch, std::memory_order_relaxed);
+    }
   }
   marlin::GemmProblem p{};
   p.out = out.data_ptr();
@@ -302,6 +320,7 @@ at::Tensor gptq_marlin_gemm(
   p.dtype = dtype;
   p.weight_type = weight_type;
   p.sm_count = sm_count;
+  p.arch = arch;
   TORCH_CHECK(marlin::has_gemm(dtype, weight_type, num_groups > 1 && group_size < size_k), op,
               ": this combination (", to_string(dtype), ", ",
               weight_type == marlin::WeightType::kUint4 ? "uint4" : "uint4b8", ", ",

@@ -343,7 +343,10 @@ def run_gemm(a, layer, weight_type, bias=None, workspace=None):
     except RuntimeError as e:
         # A build narrowed by the generator options: a combination, or a block shape that
         # APHRODITE_MARLIN_CONFIG forces, that it left out.
-        if "was left out of this build" in str(e) or "this build does not hold" in str(e):
+        if any(
+            reason in str(e)
+            for reason in ("was left out of this build", "this build does not hold", "sm_90 only")
+        ):
             pytest.skip(str(e).splitlines()[0])
         raise
 
@@ -445,6 +448,8 @@ BLOCK_SHAPES = [  # codegen/marlin.py SHAPES
     "m64n256",
     "m64n256k2",
     "m128n256",
+    "m64n256w",  # the sm_90a wgmma blocks (built for 9.0a; skipped elsewhere)
+    "m128n256w",
 ]
 
 
@@ -473,7 +478,15 @@ def test_gemm_forced_config(device, monkeypatch, shape, splits, m):
     check_forced(device, monkeypatch, shape + ("" if splits is None else f":{splits}"), 704, m)
 
 
-STREAM_K_SHAPES = ["m16n256", "m32n256", "m64n256", "m64n256k2", "m128n256"]
+STREAM_K_SHAPES = [
+    "m16n256",
+    "m32n256",
+    "m64n256",
+    "m64n256k2",
+    "m128n256",
+    "m64n256w",
+    "m128n256w",
+]
 
 
 @pytest.mark.parametrize("shape", STREAM_K_SHAPES)
@@ -496,17 +509,23 @@ def test_gemm_stream_k(device, monkeypatch, shape, blocks, m):
 @pytest.mark.parametrize("kn", [(16, 64), (96, 320), (1152, 704), (4096, 4096)])
 def test_gemm_stream_k_groups(device, monkeypatch, dtype, weight_type, group_size, kn):
     # Every combination's stream-K path, at K below one slice, with a k tail, and at a size
-    # where the resident blocks outnumber the column tiles; the decode and the 64-row block.
+    # where the resident blocks outnumber the column tiles; the decode and the 64-row block, and
+    # the wgmma blocks (sm_90a builds on sm_90 devices) with rows past M in their last block.
     require_cuda(device)
     k, n = kn
     if group_size > 0 and k % group_size:
         pytest.skip("K is not a multiple of the group size")
     layer = make_layer(k, n, dtype, weight_type, group_size, False, device)
     ws = marlin.make_workspace(device)
-    for m, shape in ((5, "m16n256"), (61, "m64n256")):
+    for m, shape in ((5, "m16n256"), (61, "m64n256"), (61, "m64n256w"), (141, "m128n256w")):
         a = torch.randn(m, k, dtype=dtype, device=device)
         monkeypatch.setenv("APHRODITE_MARLIN_CONFIG", shape + ":sk")
-        out = run_gemm(a, layer, weight_type, workspace=ws)  # skips a shape the build left out
+        try:
+            out = run_gemm(a, layer, weight_type, workspace=ws)  # skips a shape left out
+        except pytest.skip.Exception:
+            if shape.endswith("w"):
+                continue  # no wgmma blocks in this build or on this device
+            raise
         assert rel_error(out, marlin.gemm_ref(a, layer["w_ref"])) < TOL[dtype], shape
         assert torch.count_nonzero(ws) == 0, "split-K counters must be left at zero"
 
@@ -537,6 +556,8 @@ def test_gemm_stream_k_small_workspace(device, monkeypatch):
         "m16n256:sk0",
         "m16n256:skx",
         "m16n256:s",
+        "m64n256w2",
+        "m64n256kw",
     ],
 )
 def test_gemm_forced_config_bad(device, monkeypatch, config):
@@ -660,13 +681,15 @@ def run_generator(tmp_path, *options):
 def test_codegen_grid_and_narrowing(tmp_path):
     proc, loads = run_generator(tmp_path)
     outputs = loads(proc.stdout)["outputs"]
-    # 2 dtypes x 2 weight types x 2 group modes x 4 default block shapes, plus the dispatch.
-    assert len(outputs) == 2 * 2 * 2 * 4 + 1 and "marlin_dispatch.cu" in outputs
+    # 2 dtypes x 2 weight types x 2 group modes x 6 default block shapes (4 mma.sync, 2 wgmma
+    # for 9.0a), plus the dispatch.
+    assert len(outputs) == 2 * 2 * 2 * 6 + 1 and "marlin_dispatch.cu" in outputs
+    assert "marlin_f16_uint4b8_grouped_m128n256w.cu" in outputs
     assert "marlin_bf16_uint4_grouped_m16n256.cu" in outputs
     assert not any("k2" in o for o in outputs), "the k-split shapes are built when named"
     proc, loads = run_generator(tmp_path, "dtypes=bf16", "groups=grouped")
     narrowed = loads(proc.stdout)["outputs"]
-    assert len(narrowed) == 2 * 4 + 1
+    assert len(narrowed) == 2 * 6 + 1
     assert all("_f16_" not in o and "_channel_" not in o for o in narrowed)
     proc, loads = run_generator(tmp_path, "dtypes=bf16", "groups=grouped", "shapes=m64n256k2")
     assert loads(proc.stdout)["outputs"] == [
@@ -674,6 +697,28 @@ def test_codegen_grid_and_narrowing(tmp_path):
         "marlin_bf16_uint4b8_grouped_m64n256k2.cu",
         "marlin_dispatch.cu",
     ]
+
+
+def test_codegen_wgmma_needs_sm90a(tmp_path):
+    # The wgmma blocks exist only where the family is built for 9.0a; naming them otherwise is
+    # an error that says which arch to request.
+    gen = Path(__file__).resolve().parents[2] / "codegen" / "marlin.py"
+
+    def outputs(archs, *options):
+        cmd = [sys.executable, str(gen), "--out-dir", str(tmp_path / "o"), "--archs", archs]
+        for opt in options:
+            cmd += ["--option", opt]
+        return subprocess.run(cmd + ["--describe"], capture_output=True, text=True)
+
+    for archs in ("8.0 9.0", "9.0", "8.0 8.9 10.0 12.0+PTX"):
+        proc = outputs(archs)
+        assert proc.returncode == 0, proc.stderr
+        names = json.loads(proc.stdout)["outputs"]
+        assert len(names) == 2 * 2 * 2 * 4 + 1 and not any(n.endswith("w.cu") for n in names)
+    proc = outputs("8.0 9.0a")
+    assert sum(n.endswith("w.cu") for n in json.loads(proc.stdout)["outputs"]) == 2 * 2 * 2 * 2
+    proc = outputs("9.0", "shapes=m16n256,m128n256w")
+    assert proc.returncode != 0 and "m128n256w" in proc.stderr and "9.0a" in proc.stderr
 
 
 def test_codegen_rejects_bad_options(tmp_path):
