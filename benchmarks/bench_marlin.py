@@ -202,12 +202,15 @@ def main() -> None:
     parser.add_argument(
         "--sweep", action="store_true", help="time every (block shape, split) per case"
     )
+    parser.add_argument(
+        "--ms", type=int, nargs="+", default=None, help="--sweep: these M instead of the default"
+    )
     parser.add_argument("--out", type=Path, default=None, help="also write the results here")
     args = parser.parse_args()
     aphrodite_ext.load("_C")
     ws = marlin.make_workspace("cuda")
     if args.sweep:
-        sweep(SWEEP_MS[:2] if args.quick else SWEEP_MS, ws)
+        sweep(args.ms or (SWEEP_MS[:2] if args.quick else SWEEP_MS), ws)
         return
     if args.quick:
         ms_list, shapes = SWEEP_MS, [s for s in SHAPES if s[0] == 8192]
