@@ -7,8 +7,8 @@ results/marlin_<device>.md/.json through the harness.
     python benchmarks/bench_marlin.py --sweep [--quick]
 
 --quick: M in {1, 16, 32, 64, 128} and the two K = 8192 shapes only.
---sweep: for M in {1, 16, 32, 64, 128} and (K, N) in {(8192, 8192), (8192, 28672), (28672, 8192)}
-(add --quick for M in {1, 16} only), times every (thread-block shape, split or stream-K) the
+--sweep: for M in {1, 16, 32, 64, 128} (or --ms ...) and (K, N) in {(4096, 4096), (8192, 8192),
+(8192, 28672), (28672, 8192)} (add --quick for M in {1, 16} only), times every (thread-block shape, split or stream-K) the
 dispatch could pick, forcing each through APHRODITE_MARLIN_CONFIG (a tuning override read by the
 op), checks each against the fp32 reference, and prints one line per case: the dispatch's own
 pick, the best configuration, and all of them. Sweep times are the mean of back-to-back calls (no
@@ -108,7 +108,7 @@ def bench_shape(k: int, n: int, ms_list: list[int], ws: torch.Tensor, copy_gbs: 
 
 
 SWEEP_MS = [1, 16, 32, 64, 128]
-SWEEP_SHAPES = [(8192, 8192), (8192, 28672), (28672, 8192)]
+SWEEP_SHAPES = [(4096, 4096), (8192, 8192), (8192, 28672), (28672, 8192)]
 # codegen/marlin.py SHAPES: (block rows, name); the k2 shapes are 8-warp twins of the 4-warp ones,
 # the w shapes the sm_90a wgmma blocks (built for 9.0a only).
 BLOCK_SHAPES = [

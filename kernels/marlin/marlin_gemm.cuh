@@ -241,8 +241,11 @@ inline int64_t max_contributors(int64_t col_blocks, int64_t num_stages, int64_t 
   return most;
 }
 
-/// Shared memory a wgmma block (sm_90 only, up to 227 KiB there) may take.
+/// Shared memory a wgmma block (sm_90 only, up to 227 KiB there) may take, and its pipeline
+/// depth: 5 slots (4 slices in flight) of 18 KiB (64 rows) or 26 KiB (128 rows), so that two
+/// 64-row blocks share an SM.
 constexpr int kWgmmaSmemBudget = 200 * 1024;
+constexpr int kWgmmaStages = 5;
 
 /// Compile-time facts of one instantiation. kWgmma (sm_90a): the block is kMWarps warpgroups
 /// (kMWarps = 2) of kNWarps = 4 warps that share all kBlockM rows; warpgroup r multiplies words
@@ -275,7 +278,8 @@ struct Config {
   /// the weight bytes in flight per SM divided into the memory latency, so they get a deeper
   /// pipeline (6 stages, ~69 KiB: still 3 blocks per SM); taller blocks get 4 stages where
   /// they fit in kSmemBudget, else 3 (the 128-row block).
-  static constexpr int kStages = kBlockM <= 16 && kDecodeStages * kStageBytes <= kBudget
+  static constexpr int kStages = kWgmma ? kWgmmaStages
+                                 : kBlockM <= 16 && kDecodeStages * kStageBytes <= kBudget
                                      ? kDecodeStages
                                  : kMaxStages * kStageBytes <= kBudget ? kMaxStages
                                                                        : 3;
@@ -290,8 +294,12 @@ struct Config {
   /// Resident blocks per SM that ptxas plans registers for (__launch_bounds__): 3 for the 4-warp
   /// blocks of 16 and 32 rows (at most 170 registers), which shared memory allows 3 per SM on
   /// sm_90. Without it ptxas 13.0 gave the bf16 uint4b8 decode block 96 registers and a spill,
-  /// and the 32-row blocks 187-208 registers (2 per SM).
-  static constexpr int kMinBlocks = kThreads == 128 && kBlockM <= 32 ? 3 : 1;
+  /// and the 32-row blocks 187-208 registers (2 per SM). 2 for the 64-row wgmma block (at most
+  /// 128 registers: 4 warpgroups per SM to overlap one's dequantization with another's
+  /// products; an H100 sweep at 1 block per SM found it latency-bound, 1500 cycles a stage).
+  static constexpr int kMinBlocks = kThreads == 128 && kBlockM <= 32 ? 3
+                                    : kWgmma && kBlockM == 64        ? 2
+                                                                     : 1;
   static_assert(kABytes % 16 == 0 && kBBytes % 16 == 0 && kSBytes % 16 == 0 && kZBytes % 16 == 0,
                 "stage parts must stay 16-byte aligned");
 };
@@ -700,18 +708,19 @@ __global__ void __launch_bounds__(
     // register A, rows g / g + 8 = sub-tiles 2w / 2w + 1) and its warpgroup issues two
     // m64 n(kBlockM) k16 products against the stage's activations (B, read in place: the
     // activation tile's XOR swizzle is the 128-byte swizzle). The fragments are double-buffered:
-    // a step waits for the products of the step before last, whose registers it reuses; the
-    // stage ends with none in flight, so that its slot may be refilled after the next barrier.
+    // a step waits for the products of the step before last, whose registers it reuses. The
+    // stage's last products run on into the next stage (whose first step waits for them), which
+    // is why a wgmma block keeps one slot fewer in flight (kAhead): the slot refilled at a stage
+    // was read two stages before, never by products still running.
     auto compute_stage_wgmma = [&](int slot_off, int stage) {
       if constexpr (kWgmma) {
         const unsigned char* base = smem + slot_off;
         const int2* sb = reinterpret_cast<const int2*>(base + C::kABytes);
         const int boundary = group_boundary(stage);
-        int2 packed[kKSteps];
-#pragma unroll
-        for (int kk = 0; kk < kKSteps; ++kk) {
-          packed[kk] = sb[((kk * kNWarps + warp_n) * 32 + lane) * 2 + warp_m];
-        }
+        // The packed weights of a step, fetched one step ahead (two registers in flight: the
+        // 64-row block is held to 128 registers).
+        auto fetch = [&](int kk) { return sb[((kk * kNWarps + warp_n) * 32 + lane) * 2 + warp_m]; };
+        int2 next = fetch(0);
         const uint64_t desc = wgmma::desc_k_sw128(smem_addr(base));
         uint32_t af[2][2][4];
 #pragma unroll
@@ -723,8 +732,10 @@ __global__ void __launch_bounds__(
               load_group(base, 1);
             }
           }
-          dequant_word(0, static_cast<uint32_t>(packed[kk].x), af[kk % 2][0]);
-          dequant_word(1, static_cast<uint32_t>(packed[kk].y), af[kk % 2][1]);
+          const int2 packed = next;
+          if (kk + 1 < kKSteps) next = fetch(kk + 1);
+          dequant_word(0, static_cast<uint32_t>(packed.x), af[kk % 2][0]);
+          dequant_word(1, static_cast<uint32_t>(packed.y), af[kk % 2][1]);
           wgmma::fence();
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
@@ -732,30 +743,33 @@ __global__ void __launch_bounds__(
                                                desc + 2 * kk, 1);
           }
           wgmma::commit();
-          if (kk + 1 < kKSteps) wgmma::wait<1>();
+          wgmma::wait<1>();
         }
-        wgmma::wait<0>();
       }
     };
 
-    // The pipeline: C::kStages - 1 slices in flight while one is computed.
+    // The pipeline: kAhead slices in flight while one is computed (kStages - 1; kStages - 2 for
+    // a wgmma block, whose last products of a stage run on into the next).
+    constexpr int kAhead = kWgmma ? C::kStages - 2 : C::kStages - 1;
 #pragma unroll
-    for (int s = 0; s < C::kStages - 1; ++s) {
+    for (int s = 0; s < kAhead; ++s) {
       if (s < n_iters) load_stage(stage_begin + s, s * C::kStageBytes);
       cp_async_commit();
     }
-    // Slice `it` is in slot it % kStages and slice it + kStages - 1 goes to slot (it - 1) %
-    // kStages: byte offsets kept as a counter instead of a division per stage.
+    // Slice `it` is in slot it % kStages and slice it + kAhead goes to slot (it + kAhead) %
+    // kStages: byte offsets kept as counters instead of a division per stage.
     auto main_loop = [&](auto narrow_tag) {
-      int compute_off = 0;
+      int compute_off = 0, load_off = kAhead * C::kStageBytes;
       for (int it = 0; it < n_iters; ++it) {
-        cp_async_wait<C::kStages - 2>();
+        cp_async_wait<kAhead - 1>();
         if constexpr (kWgmma) wgmma::fence_proxy_async();  // the copies, for wgmma's reads
-        __syncthreads();  // slice `it` is visible to all, and slot (it - 1) % C::kStages is free
-        const int load_off =
-            compute_off == 0 ? (C::kStages - 1) * C::kStageBytes : compute_off - C::kStageBytes;
-        if (it + C::kStages - 1 < n_iters) load_stage(stage_begin + it + C::kStages - 1, load_off);
+        // Slice `it` is visible to all, and every warp is done with slot (it + kAhead) % kStages
+        // (read by slice it - 1, or it - 2 for a wgmma block).
+        __syncthreads();
+        if (it + kAhead < n_iters) load_stage(stage_begin + it + kAhead, load_off);
         cp_async_commit();
+        load_off += C::kStageBytes;
+        if (load_off == C::kStages * C::kStageBytes) load_off = 0;
         if constexpr (kWgmma) {
           compute_stage_wgmma(compute_off, stage_begin + it);
         } else {
@@ -793,12 +807,13 @@ __global__ void __launch_bounds__(
     cp_async_wait<0>();
 
     if constexpr (kWgmma) {
-      // The accumulators, written behind the compiler's back, are final (the last stage waited
-      // for its products). Lane (g, t) holds, for word h and 8-row group j, columns g (sub-tiles
+      // The accumulators, written behind the compiler's back, are final once the last stage's
+      // products are. Lane (g, t) holds, for word h and 8-row group j, columns g (sub-tiles
       // 2w and 2w + 1, w = 2 warp_m + h) x rows 8j + 2t, 8j + 2t + 1; one exchange with lane
       // g ^ 1 makes each element pair two adjacent columns of one row, the pairs the epilogue
       // stores: lane g even keeps row 8j + 2t, columns g, g + 1; g odd row 8j + 2t + 1, columns
       // g - 1, g.
+      wgmma::wait<0>();
       float* accf = &acc[0][0][0];
 #pragma unroll
       for (int i = 0; i < C::kBlockM; ++i) wgmma::fence_operand(accf[i]);
