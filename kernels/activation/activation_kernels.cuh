@@ -44,10 +44,24 @@ constexpr int act_min_blocks(Kind k) { return k == Kind::kGelu ? 2048 / kActThre
 /// the output's rounding, and they issue a fraction of the precise forms' instructions, which
 /// bound the kernel at decode sizes. fp32 outputs keep the precise expf, division and tanhf.
 /// GELU keeps erff either way.
+/// e^x by the hardware's 2^x with denormal results (and arguments) flushed to zero, which the
+/// 1 + e^x it feeds cannot tell from zero: __expf's unflushed form adds a compare and two
+/// predicated multiplies an element.
+__device__ __forceinline__ float fast_exp(float x) {
+#if defined(USE_ROCM)
+  return __expf(x);
+#else
+  constexpr float kLog2e = 1.44269504088896340736f;
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * kLog2e));
+  return y;
+#endif
+}
+
 template <Kind K, bool kFast>
 __device__ __forceinline__ float act_fn(float x) {
   if constexpr (K == Kind::kSilu) {
-    if constexpr (kFast) return __fdividef(x, 1.0f + __expf(-x));
+    if constexpr (kFast) return __fdividef(x, 1.0f + fast_exp(-x));
     return x / (1.0f + expf(-x));
   } else if constexpr (K == Kind::kGelu) {
     constexpr float kRsqrt2 = 0.70710678118654752440f;
@@ -57,44 +71,75 @@ __device__ __forceinline__ float act_fn(float x) {
     constexpr float kSqrt2OverPi = 0.79788456080286535588f;
     constexpr float kKappa = 0.044715f;
     const float inner = kSqrt2OverPi * (x + kKappa * x * x * x);
-    if constexpr (kFast) return __fdividef(x, 1.0f + __expf(-2.0f * inner));
+    if constexpr (kFast) return __fdividef(x, 1.0f + fast_exp(-2.0f * inner));
     return 0.5f * x * (1.0f + tanhf(inner));
   }
 }
 
+/// r = act(a) * b elementwise (fp32 math, one rounding).
+template <Kind K, typename T, int kVec>
+__device__ __forceinline__ Vec<T, kVec> act_vec(const Vec<T, kVec>& a, const Vec<T, kVec>& b) {
+  Vec<T, kVec> r;
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) {
+    r.v[i] =
+        from_float<T>(act_fn<K, !std::is_same_v<T, float>>(to_float(a.v[i])) * to_float(b.v[i]));
+  }
+  return r;
+}
+
 /// out[t, i] = act(in[t, i]) * in[t, d + i], kVec elements per thread and step. threadIdx.x and
 /// blockIdx.x walk the vectors of a row, threadIdx.y and blockIdx.y walk the rows (so blocks
-/// that run side by side read neighbouring memory); both loop when the grid is smaller than the
-/// problem.
-template <Kind K, typename T, int kVec>
+/// that run side by side read neighbouring memory).
+/// num_vecs = d / kVec. Index (int or int64_t) holds every element offset of the launch.
+/// kGridStride: both walks loop when the grid is smaller than the problem; without it the grid
+/// covers the problem and a thread takes at most one vector (no loop, no 64-bit arithmetic: the
+/// decode sizes' kernel).
+template <Kind K, typename T, int kVec, typename Index, bool kGridStride>
 __global__ void __launch_bounds__(kActThreads, act_min_blocks(K))
-    act_and_mul_kernel(T* __restrict__ out, const T* __restrict__ in, int64_t num_tokens, int64_t d,
-                       int64_t out_row_stride, int64_t in_row_stride) {
+    act_and_mul_kernel(T* __restrict__ out, const T* __restrict__ in, Index num_tokens, Index d,
+                       Index num_vecs, Index out_row_stride, Index in_row_stride) {
   using V = Vec<T, kVec>;
-  const int64_t num_vecs = d / kVec;
-  const int64_t col_begin = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t col_step = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  const int64_t row_step = static_cast<int64_t>(gridDim.y) * blockDim.y;
-  for (int64_t t = static_cast<int64_t>(blockIdx.y) * blockDim.y + threadIdx.y; t < num_tokens;
-       t += row_step) {
-    const T* x = in + t * in_row_stride;
-    const T* y = x + d;
-    T* o = out + t * out_row_stride;
-    for (int64_t c = col_begin; c < num_vecs; c += col_step) {
-      const V a = *reinterpret_cast<const V*>(x + c * kVec);
-      const V b = *reinterpret_cast<const V*>(y + c * kVec);
-      V r;
-#pragma unroll
-      for (int i = 0; i < kVec; ++i) {
-        r.v[i] = from_float<T>(act_fn<K, !std::is_same_v<T, float>>(to_float(a.v[i])) *
-                               to_float(b.v[i]));
+  const Index col_begin = static_cast<Index>(blockIdx.x) * static_cast<Index>(blockDim.x) +
+                          static_cast<Index>(threadIdx.x);
+  const Index row_begin = static_cast<Index>(blockIdx.y) * static_cast<Index>(blockDim.y) +
+                          static_cast<Index>(threadIdx.y);
+  if constexpr (!kGridStride) {
+    if (row_begin >= num_tokens || col_begin >= num_vecs) return;
+    const Index x = row_begin * in_row_stride + col_begin * kVec;
+    const V a = *reinterpret_cast<const V*>(in + x);
+    const V b = *reinterpret_cast<const V*>(in + (x + d));
+    *reinterpret_cast<V*>(out + (row_begin * out_row_stride + col_begin * kVec)) =
+        act_vec<K, T, kVec>(a, b);
+  } else {
+    const Index col_step = static_cast<Index>(gridDim.x) * blockDim.x;
+    const Index row_step = static_cast<Index>(gridDim.y) * blockDim.y;
+    for (Index t = row_begin; t < num_tokens; t += row_step) {
+      const T* x = in + t * in_row_stride;
+      const T* y = x + d;
+      T* o = out + t * out_row_stride;
+      for (Index c = col_begin; c < num_vecs; c += col_step) {
+        const V a = *reinterpret_cast<const V*>(x + c * kVec);
+        const V b = *reinterpret_cast<const V*>(y + c * kVec);
+        *reinterpret_cast<V*>(o + c * kVec) = act_vec<K, T, kVec>(a, b);
       }
-      *reinterpret_cast<V*>(o + c * kVec) = r;
     }
   }
 }
 
 inline bool act_aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+/// Whether every element offset the kernel forms (rows of both tensors, the gate half included)
+/// fits an int: the one-vector-a-thread kernel then indexes in 32 bits. Strides are >= 0.
+inline bool act_offsets_fit_int(const Problem& p) {
+  constexpr int64_t kMax = INT32_MAX;
+  if (p.d > kMax / 2 || p.num_tokens > kMax) return false;
+  const int64_t rows = p.num_tokens - 1;
+  auto fits = [&](int64_t stride, int64_t width) {
+    return stride >= 0 && (rows == 0 || stride <= (kMax - width) / rows);
+  };
+  return fits(p.input_row_stride, 2 * p.d) && fits(p.out_row_stride, p.d);
+}
 
 /// Picks the block shape (tx threads per row, ty rows per block) and grid, then launches.
 template <Kind K, typename T, int kVec>
@@ -112,15 +157,22 @@ gpuError_t act_and_mul_launch_vec(const Problem& p, gpuStream_t stream) {
       tx /= 2;
     }
   }
-  int64_t grid_x = ceil_div(num_vecs, tx);
-  int64_t grid_y = ceil_div(p.num_tokens, ty);
-  if (grid_x > kActMaxGridX) grid_x = kActMaxGridX;
-  if (grid_y > kActMaxGridY) grid_y = kActMaxGridY;
-  const dim3 grid(static_cast<unsigned>(grid_x), static_cast<unsigned>(grid_y));
+  const int64_t grid_x = ceil_div(num_vecs, tx);
+  const int64_t grid_y = ceil_div(p.num_tokens, ty);
   const dim3 block(static_cast<unsigned>(tx), static_cast<unsigned>(ty));
-  act_and_mul_kernel<K, T, kVec>
-      <<<grid, block, 0, stream>>>(static_cast<T*>(p.out), static_cast<const T*>(p.input),
-                                   p.num_tokens, p.d, p.out_row_stride, p.input_row_stride);
+  T* out = static_cast<T*>(p.out);
+  const T* in = static_cast<const T*>(p.input);
+  if (grid_x <= kActMaxGridX && grid_y <= kActMaxGridY && act_offsets_fit_int(p)) {
+    const dim3 grid(static_cast<unsigned>(grid_x), static_cast<unsigned>(grid_y));
+    act_and_mul_kernel<K, T, kVec, int, false><<<grid, block, 0, stream>>>(
+        out, in, static_cast<int>(p.num_tokens), static_cast<int>(p.d), static_cast<int>(num_vecs),
+        static_cast<int>(p.out_row_stride), static_cast<int>(p.input_row_stride));
+  } else {
+    const dim3 grid(static_cast<unsigned>(grid_x < kActMaxGridX ? grid_x : kActMaxGridX),
+                    static_cast<unsigned>(grid_y < kActMaxGridY ? grid_y : kActMaxGridY));
+    act_and_mul_kernel<K, T, kVec, int64_t, true><<<grid, block, 0, stream>>>(
+        out, in, p.num_tokens, p.d, num_vecs, p.out_row_stride, p.input_row_stride);
+  }
   return gpuGetLastError();
 }
 

@@ -9,14 +9,17 @@
 //     by one, so that a warp's stores of one element index land on consecutive slots.
 // A thread takes a key item and a value item per step and loads both inputs and their slots
 // before storing (no shared memory, no barrier: at decode sizes the kernel is one round of
-// loads and a store); power-of-two block sizes split slots with a shift.
+// loads and a store); power-of-two block sizes split slots with a shift. Where a thread has at
+// most one item and every offset fits an int (decode sizes), a loop-free 32-bit form runs.
 // Misaligned inputs take the same kernels with element-wise accesses. copy_blocks: one block
 // per (pair, layer, key|value), copying with the widest access the alignment allows.
 // Torch-free.
 #include "cache/cache.h"
 
 #include <cstdint>
+#include <initializer_list>
 #include <type_traits>
+#include <utility>
 
 #include "common/fast_div.h"
 #include "common/gpu.h"
@@ -186,7 +189,19 @@ struct WalkDivs {
   FastDiv value_n;
   FastDiv full_tile;
   FastDiv last_tile;
+  FastDiv block_size;  ///< slot / block_size (the one-step kernel)
 };
+
+/// The cache element offset (from its head's base) of an int64 slot read from slot_mapping, in
+/// 32 bits, or -1 for padding (negative) and out-of-range slots, which are skipped. num_slots <
+/// 2^31 (one unsigned compare covers both ends), and every offset fits an int.
+__device__ __forceinline__ int slot_row32(int64_t slot, int num_slots, const FastDiv& block_size,
+                                          int bs, int block_stride, int slot_stride) {
+  if (static_cast<uint64_t>(slot) >= static_cast<uint64_t>(num_slots)) return -1;
+  const int s = static_cast<int>(slot);
+  const int block = static_cast<int>(block_size.div(static_cast<uint32_t>(s)));
+  return block * block_stride + (s - block * bs) * slot_stride;
+}
 
 /// Grid: (ceil(num_tokens / kTileTokens), num_kv_heads, parts); at most kThreads threads. The
 /// parts of a tile's blocks take its items in turn, a block's threads at a time. A thread loads
@@ -196,7 +211,11 @@ struct WalkDivs {
 /// uint8_t for fp8 caches. kVec: 16-byte accesses (pointers, strides and head_size allow them).
 /// kFineValues (paged, small problems): paged values are read 4 bytes at a time, so that their
 /// one-store-an-element scatter spreads over 4x the threads.
-template <typename In, typename Out, bool kFlash, bool kVec, bool kFineValues = false>
+/// kOneStep32: the grid's threads cover every item of a tile (a thread takes at most one key
+/// and one value item: no loop) and every element offset fits an int (32-bit index arithmetic,
+/// slots split by a FastDiv); the decode sizes' kernel.
+template <typename In, typename Out, bool kFlash, bool kVec, bool kFineValues = false,
+          bool kOneStep32 = false>
 __global__ void __launch_bounds__(kThreads)
     reshape_and_cache_kernel(const ReshapeAndCacheProblem p, const int block_shift,
                              const WalkDivs divs) {
@@ -207,6 +226,79 @@ __global__ void __launch_bounds__(kThreads)
   // Paged values are read kVe elements at a time and stored one by one, block_size apart.
   constexpr int kValueBytes = kFineValues ? 4 : 16;
   constexpr int kVe = kFlash ? kCh : (kVec ? static_cast<int>(kValueBytes / sizeof(In)) : 1);
+
+  if constexpr (kOneStep32) {
+    const int t0 = static_cast<int>(blockIdx.x) * kTileTokens;
+    const int h = static_cast<int>(blockIdx.y);
+    const int left = static_cast<int>(p.num_tokens) - t0;
+    const int tile = left < kTileTokens ? left : kTileTokens;
+    const int key_n = static_cast<int>(p.head_size) / kCh;
+    const int value_n = static_cast<int>(p.head_size) / kVe;
+    const int i = static_cast<int>(blockIdx.z * blockDim.x + threadIdx.x);
+    const bool has_key = i < tile * key_n;
+    const bool has_value = i < tile * value_n;
+    // Keys chunk-fastest; values chunk-fastest (flash) or token-fastest (paged).
+    const int kt = static_cast<int>(divs.key_n.div(static_cast<uint32_t>(i)));
+    const int kc = i - kt * key_n;
+    int vt, vc;
+    if constexpr (kFlash) {
+      vt = static_cast<int>(divs.value_n.div(static_cast<uint32_t>(i)));
+      vc = i - vt * value_n;
+    } else {
+      const FastDiv& tile_div = tile == kTileTokens ? divs.full_tile : divs.last_tile;
+      vc = static_cast<int>(tile_div.div(static_cast<uint32_t>(i)));
+      vt = i - vc * tile;
+    }
+    const In* key = static_cast<const In*>(p.key);
+    const In* value = static_cast<const In*>(p.value);
+    Chunk<In, kCh> k_in;
+    Chunk<In, kVe> v_in;
+    if (has_key) {
+      load_chunk<In, kCh, kVec>(k_in, key + ((t0 + kt) * static_cast<int>(p.key_token_stride) +
+                                             h * static_cast<int>(p.key_head_stride) + kc * kCh));
+    }
+    if (has_value) {
+      load_chunk<In, kVe, kVec>(v_in,
+                                value + ((t0 + vt) * static_cast<int>(p.value_token_stride) +
+                                         h * static_cast<int>(p.value_head_stride) + vc * kVe));
+    }
+    const int64_t k_slot = has_key ? p.slot_mapping[t0 + kt] : -1;
+    const int64_t v_slot = has_value ? p.slot_mapping[t0 + vt] : -1;
+    float inv_k = 1.0f, inv_v = 1.0f;
+    if constexpr (!std::is_same_v<In, Out>) {
+      inv_k = 1.0f / *p.k_scale;
+      inv_v = 1.0f / *p.v_scale;
+    }
+    const int num_slots = static_cast<int>(p.num_slots);
+    const int bs = static_cast<int>(p.block_size);
+    // Within a head, key chunk c of slot offset o sits at o * key_slot_stride + c *
+    // key_chunk_stride: paged (c * block_size + o) * x, flash o * slot_stride + c * kCh.
+    const int key_slot_stride = kFlash ? static_cast<int>(p.key_cache_slot_stride) : kX;
+    const int key_chunk_stride = kFlash ? kCh : bs * kX;
+    const int value_slot_stride = kFlash ? static_cast<int>(p.value_cache_slot_stride) : 1;
+    const int k_row = slot_row32(k_slot, num_slots, divs.block_size, bs,
+                                 static_cast<int>(p.key_cache_block_stride), key_slot_stride);
+    const int v_row = slot_row32(v_slot, num_slots, divs.block_size, bs,
+                                 static_cast<int>(p.value_cache_block_stride), value_slot_stride);
+    if (k_row >= 0) {
+      Out* key_cache = static_cast<Out*>(p.key_cache);
+      store_chunk<Out, kCh, kVec>(key_cache + (h * static_cast<int>(p.key_cache_head_stride) +
+                                               k_row + kc * key_chunk_stride),
+                                  to_cache_chunk<Out>(k_in, inv_k));
+    }
+    if (v_row >= 0) {
+      Out* value_cache = static_cast<Out*>(p.value_cache) +
+                         (h * static_cast<int>(p.value_cache_head_stride) + v_row);
+      if constexpr (kFlash) {
+        store_chunk<Out, kCh, kVec>(value_cache + vc * kCh, to_cache_chunk<Out>(v_in, inv_v));
+      } else {
+        Out* d = value_cache + vc * kVe * bs;
+#pragma unroll
+        for (int j = 0; j < kVe; ++j) d[j * bs] = to_cache<Out>(v_in.v[j], inv_v);
+      }
+    }
+    return;
+  }
 
   const int64_t t0 = static_cast<int64_t>(blockIdx.x) * kTileTokens;
   const int64_t h = blockIdx.y;
@@ -276,6 +368,42 @@ __global__ void __launch_bounds__(kThreads)
 
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
+/// Whether extent + sum (n - 1) * stride over (n, stride) fits an int (the largest element offset
+/// of a tensor walked with those sizes and strides, each >= 0).
+bool offsets_fit_int(std::initializer_list<std::pair<int64_t, int64_t>> dims, int64_t extent) {
+  int64_t room = INT32_MAX - extent;
+  if (room < 0) return false;
+  for (const auto& [n, stride] : dims) {
+    if (n <= 1) continue;
+    if (stride < 0 || stride > room / (n - 1)) return false;
+    room -= (n - 1) * stride;
+  }
+  return true;
+}
+
+/// Whether every element offset reshape_and_cache forms for p (inputs and caches) and every slot
+/// fits an int.
+bool reshape_offsets_fit_int(const ReshapeAndCacheProblem& p) {
+  if (p.num_tokens > INT32_MAX || p.num_slots > INT32_MAX) return false;
+  const int64_t blocks = p.num_slots / p.block_size, heads = p.num_kv_heads, bs = p.block_size;
+  const bool flash = p.layout == CacheLayout::kFlash;
+  // Within a head: paged [head_size / x, block_size, x] and [head_size, block_size] contiguous;
+  // flash [block_size] slots of slot_stride, head_size contiguous.
+  auto cache_fits = [&](int64_t block_stride, int64_t head_stride, int64_t slot_stride) {
+    if (flash)
+      return offsets_fit_int({{blocks, block_stride}, {heads, head_stride}, {bs, slot_stride}},
+                             p.head_size);
+    return offsets_fit_int({{blocks, block_stride}, {heads, head_stride}}, p.head_size * bs);
+  };
+  return offsets_fit_int({{p.num_tokens, p.key_token_stride}, {heads, p.key_head_stride}},
+                         p.head_size) &&
+         offsets_fit_int({{p.num_tokens, p.value_token_stride}, {heads, p.value_head_stride}},
+                         p.head_size) &&
+         cache_fits(p.key_cache_block_stride, p.key_cache_head_stride, p.key_cache_slot_stride) &&
+         cache_fits(p.value_cache_block_stride, p.value_cache_head_stride,
+                    p.value_cache_slot_stride);
+}
+
 template <typename In, typename Out>
 gpuError_t launch_reshape_typed(const ReshapeAndCacheProblem& p, gpuStream_t stream) {
   constexpr int64_t kX = 16 / sizeof(Out);
@@ -325,8 +453,30 @@ gpuError_t launch_reshape_typed(const ReshapeAndCacheProblem& p, gpuStream_t str
   const int64_t last_tile = p.num_tokens - (tiles - 1) * kTileTokens;
   auto div_by = [](int64_t d) { return FastDiv(static_cast<uint32_t>(d > 1 ? d : 1)); };
   const WalkDivs divs{div_by(p.head_size / key_piece), div_by(p.head_size / value_piece),
-                      div_by(kTileTokens), div_by(last_tile)};
-  if (flash && vec) {
+                      div_by(kTileTokens), div_by(last_tile), div_by(p.block_size)};
+  // One item a thread (the parts' threads cover a tile's pieces) and 32-bit offsets.
+  const int64_t tile_items = (p.num_tokens < kTileTokens ? p.num_tokens : kTileTokens) *
+                             (p.head_size / (key_piece < value_piece ? key_piece : value_piece));
+  if (parts * threads >= tile_items && p.block_size <= INT32_MAX && reshape_offsets_fit_int(p)) {
+    if (flash && vec) {
+      reshape_and_cache_kernel<In, Out, true, true, false, true>
+          <<<grid, block, 0, stream>>>(p, block_shift, divs);
+    } else if (flash) {
+      reshape_and_cache_kernel<In, Out, true, false, false, true>
+          <<<grid, block, 0, stream>>>(p, block_shift, divs);
+    } else if (fine) {
+      if constexpr (in_size == 2) {
+        reshape_and_cache_kernel<In, Out, false, true, true, true>
+            <<<grid, block, 0, stream>>>(p, block_shift, divs);
+      }
+    } else if (vec) {
+      reshape_and_cache_kernel<In, Out, false, true, false, true>
+          <<<grid, block, 0, stream>>>(p, block_shift, divs);
+    } else {
+      reshape_and_cache_kernel<In, Out, false, false, false, true>
+          <<<grid, block, 0, stream>>>(p, block_shift, divs);
+    }
+  } else if (flash && vec) {
     reshape_and_cache_kernel<In, Out, true, true><<<grid, block, 0, stream>>>(p, block_shift, divs);
   } else if (flash) {
     reshape_and_cache_kernel<In, Out, true, false>

@@ -6,12 +6,14 @@
 // - Static and dynamic per-tensor quantization are elementwise over tiles of kUnroll vectors per
 //   thread (16-byte loads, 4- or 8-byte fp8 stores); rows that are contiguous with each other are
 //   treated as one long row. Static: one tile a block, whose loads issue before the scale is
-//   read. Dynamic per-tensor runs two kernels (per-block maxima into a workspace, then a
-//   quantization pass whose blocks each reduce those maxima to the scale) on one wave of
-//   resident blocks; an input that is one row of up to 4096 vectors takes the per-token
-//   register-cached kernel (one block, one read), other small ones a single-block kernel. The
-//   workspace rather than an atomicMax on the scale's bits: nothing needs zeroing first (no
-//   memset launch, no reliance on the caller's scale), and the result does not depend on order.
+//   read; at decode sizes a single (merged) row of fewer than 2^31 elements takes a kernel with
+//   one vector a thread, no row division and 32-bit offsets. Dynamic per-tensor runs two kernels
+//   (per-block maxima into a workspace, then a quantization pass whose blocks each reduce those
+//   maxima to the scale) on one wave of resident blocks; an input that is one row of up to 4096
+//   vectors takes the per-token register-cached kernel (one block, one read), other small ones a
+//   single-block kernel. The workspace rather than an atomicMax on the scale's bits: nothing needs
+//   zeroing first (no memset launch, no reliance on the caller's scale), and the result does not
+//   depend on order.
 // - Per token: rows of up to 4096 vectors stay in registers between the max reduction and the
 //   quantization (one read of the input); wider rows are read twice.
 // A row whose pointer or stride does not allow 16-byte vectors takes the one-element path.
@@ -268,6 +270,24 @@ __global__ void __launch_bounds__(kBlock) static_quant_kernel(const Tiles<T> a) 
   const Divisor div(*a.scale);
   const QuantizeFns<T, kVec> fns{a, div};
   use_tile<T, kVec, kBlock, kU>(a, l, fns, fns);
+}
+
+/// static_quant_kernel for one row (gapless rows merged) of fewer than 2^31 elements and one
+/// vector a thread (kU = 1): the block's index is the tile's, so nothing divides, and every
+/// offset is a 32-bit int. kTail: the row has tail elements, which the last block takes.
+template <typename T, int kVec, int kBlock, bool kTail>
+__global__ void __launch_bounds__(kBlock) static_quant_row_kernel(const Tiles<T> a) {
+  using V = Vec<T, kVec>;
+  const int vecs = static_cast<int>(a.vecs_per_row);
+  const int c = static_cast<int>(blockIdx.x) * kBlock + static_cast<int>(threadIdx.x);
+  V v;
+  if (c < vecs) v = reinterpret_cast<const V*>(a.in)[c];
+  const int e = vecs * kVec + static_cast<int>(threadIdx.x);
+  const bool tail = kTail && blockIdx.x == gridDim.x - 1 && static_cast<int>(threadIdx.x) < a.tail;
+  const float x = tail ? to_float(a.in[e]) : 0.0f;
+  const Divisor div(*a.scale);
+  if (c < vecs) store_quantized(a.out + c * kVec, v, div);
+  if (tail) a.out[e] = quantize(x, div);
 }
 
 /// The per-tensor scale of a max: max / 448; 0 for an all-zero input.
@@ -557,8 +577,18 @@ gpuError_t launch_static_vec(const QuantProblem& p, gpuStream_t stream) {
     constexpr int kDecodeVec = kVec >= 8 ? kVec / 2 : kVec;
     constexpr int kDecodeBlock = 128;
     if (!make_tiles<T, kDecodeVec, kDecodeBlock, 1>(p, a)) return gpuErrorInvalidValue;
-    static_quant_kernel<T, kDecodeVec, 1, kDecodeBlock>
-        <<<a.num_tiles, kDecodeBlock, 0, stream>>>(a);
+    if (a.num_tiles == a.tiles_per_row && a.vecs_per_row * kDecodeVec + a.tail <= INT32_MAX) {
+      if (a.tail > 0) {
+        static_quant_row_kernel<T, kDecodeVec, kDecodeBlock, true>
+            <<<a.num_tiles, kDecodeBlock, 0, stream>>>(a);
+      } else {
+        static_quant_row_kernel<T, kDecodeVec, kDecodeBlock, false>
+            <<<a.num_tiles, kDecodeBlock, 0, stream>>>(a);
+      }
+    } else {
+      static_quant_kernel<T, kDecodeVec, 1, kDecodeBlock>
+          <<<a.num_tiles, kDecodeBlock, 0, stream>>>(a);
+    }
   } else {
     static_quant_kernel<T, kVec, kUnroll><<<a.num_tiles, kThreads, 0, stream>>>(a);
   }

@@ -35,6 +35,9 @@ constexpr int kMaxFusedCache = kMaxCache / 2;
 /// Plain rms_norm with rows in registers: when one row (group) per block would make more blocks
 /// than this, each block takes two and loads the second while it stores the first.
 constexpr int64_t kPipelineMinBlocks = 8192;
+/// The largest block of any kernel here (row_sum's bound on the warps of a row).
+constexpr int kMaxBlockThreads =
+    kStreamThreads > kMaxCachedThreads ? kStreamThreads : kMaxCachedThreads;
 /// Grid limit; the kernels loop over rows beyond it.
 constexpr int64_t kMaxGridX = int64_t{1} << 20;
 
@@ -52,13 +55,41 @@ struct NormArgs {
   int64_t in_stride;
   int64_t residual_stride;
   float epsilon;
+  float inv_hidden;  ///< 1 / hidden: the mean of squares is their sum times it
+  int num_vecs;      ///< hidden / kVec of the launched kernel
 };
+
+/// v[0] + ... + v[N - 1] added pairwise (a tree of depth log2 N, N a power of two), unrolled.
+template <int N>
+__device__ __forceinline__ float tree_sum(const float (&v)[N]) {
+  if constexpr (N == 1) {
+    return v[0];
+  } else {
+    float h[N / 2];
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) h[i] = v[i] + v[i + N / 2];
+    return tree_sum(h);
+  }
+}
+
+/// The sum of the first num_warps of smem's kMaxWarps slots, as a fixed tree (absent warps count
+/// 0): no loop of unknown trip count, and log2(kMaxWarps) dependent adds instead of one a warp.
+template <int kMaxWarps>
+__device__ __forceinline__ float warps_sum(const float* smem, int num_warps) {
+  float w[kMaxWarps];
+#pragma unroll
+  for (int i = 0; i < kMaxWarps; ++i) w[i] = i < num_warps ? smem[i] : 0.0f;
+  return tree_sum(w);
+}
 
 /// Sum of `v` over the blockDim.x threads of this thread's row; every one of them gets the same
 /// value. Narrow rows (blockDim.x a power of two <= warp size) reduce with shuffles inside their
 /// lane group; wide rows (blockDim.y == 1, blockDim.x a multiple of the warp size) go through
-/// shared memory. Every thread of the block must call it.
-__device__ __forceinline__ float row_sum(float v, float* smem) {
+/// shared memory. Every thread of the block must call it. `reuse` (a constant): smem is reused
+/// afterwards (the next row), so the call ends with a barrier; a kernel that reduces once skips it.
+/// `max256` (a constant): at most kMultiRowThreads (256) threads a row (fewer slots and registers).
+__device__ __forceinline__ float row_sum(float v, float* smem, bool reuse = true,
+                                         bool max256 = false) {
   if (blockDim.x <= APHRODITE_WARP_SIZE) {
     for (int mask = static_cast<int>(blockDim.x) / 2; mask > 0; mask /= 2) {
       v += APHRODITE_SHFL_XOR(v, mask);
@@ -71,21 +102,36 @@ __device__ __forceinline__ float row_sum(float v, float* smem) {
   if (lane == 0) smem[warp] = v;
   __syncthreads();
   const int num_warps = static_cast<int>(blockDim.x) / APHRODITE_WARP_SIZE;
-  float total = 0.0f;
-  for (int i = 0; i < num_warps; ++i) total += smem[i];
-  __syncthreads();  // smem is reused by the next row
+  const float total = max256 ? warps_sum<kMultiRowThreads / APHRODITE_WARP_SIZE>(smem, num_warps)
+                             : warps_sum<kMaxBlockThreads / APHRODITE_WARP_SIZE>(smem, num_warps);
+  if (reuse) __syncthreads();  // smem is reused by the next row
   return total;
 }
 
+/// Sum of the squares of v's elements in two interleaved chains (half the dependent adds of one;
+/// a full tree would hold every square at once, and the registers are needed for the row).
 template <typename T, int N>
 __device__ __forceinline__ float sum_squares(const Vec<T, N>& v) {
-  float s = 0.0f;
+  if constexpr (N == 1) {
+    return to_float(v.v[0]) * to_float(v.v[0]);
+  } else {
+    float even = 0.0f, odd = 0.0f;
 #pragma unroll
-  for (int e = 0; e < N; ++e) {
-    const float f = to_float(v.v[e]);
-    s += f * f;
+    for (int e = 0; e < N; e += 2) {
+      even = fmaf(to_float(v.v[e]), to_float(v.v[e]), even);
+      odd = fmaf(to_float(v.v[e + 1]), to_float(v.v[e + 1]), odd);
+    }
+    return even + odd;
   }
-  return s;
+}
+
+/// Sum over the kCache vectors of a row this thread holds (those with in_row(i)), pairwise.
+template <typename T, int N, int kCache, typename InRow>
+__device__ __forceinline__ float sum_squares(const Vec<T, N> (&v)[kCache], InRow&& in_row) {
+  float s[kCache];
+#pragma unroll
+  for (int i = 0; i < kCache; ++i) s[i] = in_row(i) ? sum_squares(v[i]) : 0.0f;
+  return tree_sum(s);
 }
 
 /// T(v * inv_rms * w), elementwise in fp32.
@@ -98,61 +144,67 @@ __device__ __forceinline__ Vec<T, N> normalise(const Vec<T, N>& v, const Vec<T, 
   return y;
 }
 
+/// Blocks (of up to kMaxCachedThreads) an SM must hold of the one-row rms_norm kernel with up to
+/// 4 cached vectors: 64 registers a thread, so that 4 blocks of 256 threads are resident (bf16
+/// rows of 8192 at thousands of rows; the compiler's choice is a few registers more, 3 blocks).
+constexpr int rms_min_blocks(int cache, bool pipelined) { return !pipelined && cache <= 4 ? 2 : 1; }
+
 /// Plain rms_norm with the row in registers: thread x of a row holds vectors x, x + blockDim.x,
 /// ... (kCache of them, which must cover the row). kPipelined: rows are taken row, row + rows of
 /// the grid, ..., and software-pipelined: the next row's loads are issued before the current row
 /// is normalised and stored. Otherwise each block row takes one row (the grid covers the rows),
 /// loads its weights beside it and holds no second buffer: fewer registers, so twice the
 /// rows in flight an SM (bf16 rows of 8192: 98 -> 64 registers, 2 -> 4 blocks of 256). The host
-/// guarantees that hidden / kVec fits an int.
-template <typename T, int kVec, int kCache, bool kPipelined>
-__global__ void __launch_bounds__(kMaxCachedThreads) rms_norm_cached_kernel(const NormArgs<T> a) {
+/// guarantees that hidden / kVec fits an int. kIdx32 and kFull (non-pipelined only) as for
+/// fused_add_rms_norm_cached_kernel.
+template <typename T, int kVec, int kCache, bool kPipelined, bool kIdx32 = false,
+          bool kFull = false>
+__global__ void __launch_bounds__(kMaxCachedThreads, rms_min_blocks(kCache, kPipelined))
+    rms_norm_cached_kernel(const NormArgs<T> a) {
+  static_assert(!(kPipelined && (kIdx32 || kFull)), "the pipelined kernel loops over rows");
   using V = Vec<T, kVec>;
+  using Index = std::conditional_t<kIdx32, int, int64_t>;
   __shared__ float smem[32];
-  const int num_vecs = static_cast<int>(a.hidden / kVec);
+  const int num_vecs = a.num_vecs;
   const int tx = static_cast<int>(blockDim.x);
   const int first = static_cast<int>(threadIdx.x);
-  const float hidden = static_cast<float>(a.hidden);
   const V* w = reinterpret_cast<const V*>(a.weight);
   const int64_t row_step = static_cast<int64_t>(gridDim.x) * blockDim.y;
+  auto in_row = [&](int i) { return kFull || first + i * tx < num_vecs; };
   auto load_row = [&](int64_t row, V(&dst)[kCache]) {
     if (row < a.rows) {
       const V* x = reinterpret_cast<const V*>(a.in + row * a.in_stride);
 #pragma unroll
       for (int i = 0; i < kCache; ++i) {
-        const int c = first + i * tx;
-        if (c < num_vecs) dst[i] = x[c];
+        if (in_row(i)) dst[i] = x[first + i * tx];
       }
     }
   };
 
   if constexpr (!kPipelined) {
-    const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
-    const bool valid = row < a.rows;
+    const Index row = static_cast<Index>(blockIdx.x) * static_cast<Index>(blockDim.y) +
+                      static_cast<Index>(threadIdx.y);
+    const bool valid = kFull || row < static_cast<Index>(a.rows);
     V x[kCache], wv[kCache];
-    const V* in = reinterpret_cast<const V*>(a.in + (valid ? row : 0) * a.in_stride);
+    const V* in =
+        reinterpret_cast<const V*>(a.in + (valid ? row : 0) * static_cast<Index>(a.in_stride));
 #pragma unroll
     for (int i = 0; i < kCache; ++i) {
-      const int c = first + i * tx;
-      if (valid && c < num_vecs) {
-        x[i] = in[c];
-        wv[i] = w[c];
+      if (valid && in_row(i)) {
+        x[i] = in[first + i * tx];
+        wv[i] = w[first + i * tx];
       }
     }
-    float ss = 0.0f;
-#pragma unroll
-    for (int i = 0; i < kCache; ++i) {
-      if (valid && first + i * tx < num_vecs) ss += sum_squares(x[i]);
-    }
-    const float inv_rms = rsqrtf(row_sum(ss, smem) / hidden + a.epsilon);
+    const float ss = sum_squares<T, kVec, kCache>(x, [&](int i) { return valid && in_row(i); });
+    const float inv_rms =
+        rsqrtf(row_sum(ss, smem, false, kCache < kMaxCache) * a.inv_hidden + a.epsilon);
     if (!valid) return;
-    V* o = reinterpret_cast<V*>(a.out + row * a.out_stride);
+    V* o = reinterpret_cast<V*>(a.out + row * static_cast<Index>(a.out_stride));
 #pragma unroll
     for (int i = 0; i < kCache; ++i) {
-      const int c = first + i * tx;
-      if (c < num_vecs) {
+      if (in_row(i)) {
         launder(x[i]);
-        o[c] = normalise(x[i], wv[i], inv_rms);
+        o[first + i * tx] = normalise(x[i], wv[i], inv_rms);
       }
     }
     return;
@@ -169,12 +221,8 @@ __global__ void __launch_bounds__(kMaxCachedThreads) rms_norm_cached_kernel(cons
   // `next`. Uniform across the block: every thread reaches every row_sum.
   auto process = [&](int64_t row, V(&cur)[kCache], V(&next)[kCache]) {
     const bool valid = row < a.rows;
-    float ss = 0.0f;
-#pragma unroll
-    for (int i = 0; i < kCache; ++i) {
-      if (valid && first + i * tx < num_vecs) ss += sum_squares(cur[i]);
-    }
-    const float inv_rms = rsqrtf(row_sum(ss, smem) / hidden + a.epsilon);
+    const float ss = sum_squares<T, kVec, kCache>(cur, [&](int i) { return valid && in_row(i); });
+    const float inv_rms = rsqrtf(row_sum(ss, smem) * a.inv_hidden + a.epsilon);
     load_row(row + row_step, next);
     if (valid) {
       V* o = reinterpret_cast<V*>(a.out + row * a.out_stride);
@@ -219,61 +267,72 @@ __global__ void __launch_bounds__(kMaxCachedThreads) rms_norm_cached_kernel(cons
 /// columns in every row) for the whole kernel, loaded before its first row's input and residual,
 /// so that a lone row (decode) waits for memory once (issued after the residual's store, which
 /// may alias them, the weight loads could not go out before the first loads return).
-template <typename T, int kVec, int kCache>
+/// kIdx32: the grid covers the rows (one row a block row, no row loop) and every element offset
+/// fits an int (32-bit index arithmetic). kFull (with kIdx32): every thread has a row and all
+/// kCache of its vectors lie in it (rows % blockDim.y == 0, hidden / kVec == blockDim.x *
+/// kCache), so that nothing is bounds-checked.
+template <typename T, int kVec, int kCache, bool kIdx32 = false, bool kFull = false>
 __global__ void __launch_bounds__(kMaxCachedThreads)
     fused_add_rms_norm_cached_kernel(const NormArgs<T> a) {
+  static_assert(kIdx32 || !kFull, "kFull needs the grid to cover the rows");
   using V = Vec<T, kVec>;
+  using Index = std::conditional_t<kIdx32, int, int64_t>;
   __shared__ float smem[32];
-  const int num_vecs = static_cast<int>(a.hidden / kVec);
+  const int num_vecs = a.num_vecs;
   const int tx = static_cast<int>(blockDim.x);
   const int first = static_cast<int>(threadIdx.x);
-  const float hidden = static_cast<float>(a.hidden);
   const V* w = reinterpret_cast<const V*>(a.weight);
-  const int64_t row_step = static_cast<int64_t>(gridDim.x) * blockDim.y;
+  auto in_row = [&](int i) { return kFull || first + i * tx < num_vecs; };
   V wv[kCache];
 #pragma unroll
   for (int i = 0; i < kCache; ++i) {
-    if (first + i * tx < num_vecs) wv[i] = w[first + i * tx];
+    if (in_row(i)) wv[i] = w[first + i * tx];
   }
-  // The loop bound is uniform across the block, so every thread reaches every row_sum.
-  for (int64_t row0 = static_cast<int64_t>(blockIdx.x) * blockDim.y; row0 < a.rows;
-       row0 += row_step) {
-    const int64_t row = row0 + threadIdx.y;
-    const bool valid = row < a.rows;
-    const int64_t r = valid ? row : 0;
-    V* x = reinterpret_cast<V*>(a.out + r * a.out_stride);  // the input, overwritten at the end
-    V* res = reinterpret_cast<V*>(a.residual + r * a.residual_stride);
+  const Index rows = static_cast<Index>(a.rows);
+  auto process = [&](Index row) {
+    const bool valid = kFull || row < rows;
+    const Index r = valid ? row : 0;
+    V* x = reinterpret_cast<V*>(a.out + r * static_cast<Index>(a.out_stride));  // overwritten
+    V* res = reinterpret_cast<V*>(a.residual + r * static_cast<Index>(a.residual_stride));
     V sum[kCache] = {};
     V other[kCache] = {};
 #pragma unroll
     for (int i = 0; i < kCache; ++i) {
-      const int c = first + i * tx;
-      if (valid && c < num_vecs) {
-        sum[i] = x[c];
-        other[i] = res[c];
+      if (valid && in_row(i)) {
+        sum[i] = x[first + i * tx];
+        other[i] = res[first + i * tx];
       }
     }
-    float ss = 0.0f;
 #pragma unroll
     for (int i = 0; i < kCache; ++i) {
-      const int c = first + i * tx;
-      if (valid && c < num_vecs) {
+      if (valid && in_row(i)) {
 #pragma unroll
         for (int e = 0; e < kVec; ++e) {
           sum[i].v[e] = from_float<T>(to_float(sum[i].v[e]) + to_float(other[i].v[e]));
         }
-        res[c] = sum[i];
-        ss += sum_squares(sum[i]);
+        res[first + i * tx] = sum[i];
       }
     }
-    const float inv_rms = rsqrtf(row_sum(ss, smem) / hidden + a.epsilon);
+    const float ss = sum_squares<T, kVec, kCache>(sum, [&](int i) { return valid && in_row(i); });
+    const float inv_rms =
+        rsqrtf(row_sum(ss, smem, !kIdx32, kCache < kMaxFusedCache) * a.inv_hidden + a.epsilon);
 #pragma unroll
     for (int i = 0; i < kCache; ++i) {
-      const int c = first + i * tx;
-      if (valid && c < num_vecs) {
+      if (valid && in_row(i)) {
         launder(sum[i]);
-        x[c] = normalise(sum[i], wv[i], inv_rms);
+        x[first + i * tx] = normalise(sum[i], wv[i], inv_rms);
       }
+    }
+  };
+  const Index row = static_cast<Index>(blockIdx.x) * static_cast<Index>(blockDim.y) +
+                    static_cast<Index>(threadIdx.y);
+  if constexpr (kIdx32) {
+    process(row);
+  } else {
+    // The loop bound is uniform across the block, so every thread reaches every row_sum.
+    const Index row_step = static_cast<Index>(gridDim.x) * blockDim.y;
+    for (Index row0 = row - threadIdx.y; row0 < rows; row0 += row_step) {
+      process(row0 + threadIdx.y);
     }
   }
 }
@@ -286,10 +345,9 @@ template <typename T, int kVec, bool kFused>
 __global__ void __launch_bounds__(kStreamThreads) rms_norm_streaming_kernel(const NormArgs<T> a) {
   using V = Vec<T, kVec>;
   __shared__ float smem[32];
-  const int num_vecs = static_cast<int>(a.hidden / kVec);
+  const int num_vecs = a.num_vecs;
   const int tx = static_cast<int>(blockDim.x);
   const int first = static_cast<int>(threadIdx.x);
-  const float hidden = static_cast<float>(a.hidden);
   const V* w = reinterpret_cast<const V*>(a.weight);
   for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {
     const V* x = reinterpret_cast<const V*>(a.in + row * a.in_stride);
@@ -324,7 +382,7 @@ __global__ void __launch_bounds__(kStreamThreads) rms_norm_streaming_kernel(cons
         }
       }
     }
-    const float inv_rms = rsqrtf(row_sum(ss, smem) / hidden + a.epsilon);
+    const float inv_rms = rsqrtf(row_sum(ss, smem) * a.inv_hidden + a.epsilon);
     const V* src = x;
     if constexpr (kFused) src = res;
 #pragma unroll 1
@@ -350,6 +408,47 @@ __global__ void __launch_bounds__(kStreamThreads) rms_norm_streaming_kernel(cons
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+/// Whether every element offset of a's rows (in every tensor the kernel touches) fits an int.
+template <typename T>
+bool offsets_fit_int(const NormArgs<T>& a) {
+  constexpr int64_t kMax = INT32_MAX;
+  if (a.rows > kMax) return false;
+  const int64_t last = a.rows - 1;
+  auto fits = [&](int64_t stride) {
+    return stride >= 0 && (last == 0 || stride <= (kMax - a.hidden) / last);
+  };
+  return fits(a.out_stride) && fits(a.in_stride) && fits(a.residual_stride);
+}
+
+/// Launches the row-in-registers kernel K<kIdx32, kFull> (see fused_add_rms_norm_cached_kernel)
+/// that fits: 32-bit offsets where the grid covers the rows and every offset fits an int, without
+/// bounds checks where the block shape covers the rows exactly.
+template <typename T, int kVec, int kCache, bool kFused>
+gpuError_t launch_cached_one_row(const NormArgs<T>& a, int64_t blocks, int64_t tx, int64_t ty,
+                                 gpuStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(blocks));
+  const dim3 block(static_cast<unsigned>(tx), static_cast<unsigned>(ty));
+  const bool idx32 = blocks * ty >= a.rows && offsets_fit_int(a);
+  const bool full = idx32 && a.rows % ty == 0 && a.num_vecs == tx * kCache;
+  auto launch = [&](auto idx32_tag, auto full_tag) {
+    constexpr bool kIdx32 = decltype(idx32_tag)::value, kFull = decltype(full_tag)::value;
+    if constexpr (kFused) {
+      fused_add_rms_norm_cached_kernel<T, kVec, kCache, kIdx32, kFull>
+          <<<grid, block, 0, stream>>>(a);
+    } else {
+      rms_norm_cached_kernel<T, kVec, kCache, false, kIdx32, kFull><<<grid, block, 0, stream>>>(a);
+    }
+  };
+  if (full) {
+    launch(std::true_type{}, std::true_type{});
+  } else if (idx32) {
+    launch(std::true_type{}, std::false_type{});
+  } else {
+    launch(std::false_type{}, std::false_type{});
+  }
+  return gpuGetLastError();
+}
+
 template <typename T, int kVec, int kCache, bool kFused>
 gpuError_t launch_kernel(const NormArgs<T>& a, int64_t tx, int64_t ty, gpuStream_t stream) {
   int64_t blocks = ceil_div(a.rows, ty);
@@ -360,20 +459,20 @@ gpuError_t launch_kernel(const NormArgs<T>& a, int64_t tx, int64_t ty, gpuStream
   const dim3 block(static_cast<unsigned>(tx), static_cast<unsigned>(ty));
   if constexpr (kCache == 0) {
     rms_norm_streaming_kernel<T, kVec, kFused><<<grid, block, 0, stream>>>(a);
-  } else if constexpr (kFused) {
-    fused_add_rms_norm_cached_kernel<T, kVec, kCache><<<grid, block, 0, stream>>>(a);
-  } else if (pipelined) {
-    rms_norm_cached_kernel<T, kVec, kCache, true><<<grid, block, 0, stream>>>(a);
+  } else if (kFused || !pipelined) {
+    return launch_cached_one_row<T, kVec, kCache, kFused>(a, blocks, tx, ty, stream);
   } else {
-    rms_norm_cached_kernel<T, kVec, kCache, false><<<grid, block, 0, stream>>>(a);
+    rms_norm_cached_kernel<T, kVec, kCache, true><<<grid, block, 0, stream>>>(a);
   }
   return gpuGetLastError();
 }
 
 /// Picks the block shape and register cache for rows of hidden / kVec vectors and launches.
 template <typename T, int kVec, bool kFused>
-gpuError_t launch_shaped(const NormArgs<T>& a, gpuStream_t stream) {
+gpuError_t launch_shaped(NormArgs<T> a, gpuStream_t stream) {
   const int64_t num_vecs = a.hidden / kVec;
+  a.num_vecs = static_cast<int>(num_vecs);
+  a.inv_hidden = 1.0f / static_cast<float>(a.hidden);
   int64_t tx = 1;
   int64_t ty = 1;
   int cache = 0;

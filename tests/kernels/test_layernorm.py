@@ -7,7 +7,8 @@ import aphrodite_ext
 from aphrodite_ext.ops.layernorm import fused_add_rms_norm_ref, rms_norm_ref
 
 TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}
-SHAPES = [(7, 768), (83, 769), (4, 5120), (3, 5125), (2, 3, 8192), (1, 1), (129, 64)]
+# (64, 256): narrow rows that fill their blocks exactly (the kernels' unchecked form).
+SHAPES = [(7, 768), (83, 769), (4, 5120), (3, 5125), (2, 3, 8192), (1, 1), (129, 64), (64, 256)]
 
 
 @pytest.fixture(autouse=True)
@@ -85,3 +86,29 @@ def test_torch_compile(device):
     out, res = torch.compile(f, fullgraph=True, backend="aot_eager")(x.clone(), residual.clone(), w)
     torch.testing.assert_close(out, ref_out + 1)
     torch.testing.assert_close(res, ref_res)
+
+
+def test_offsets_past_int32(device):
+    # Rows 2^30 elements apart: the last row's offsets pass 2^31, so the GPU kernels take their
+    # 64-bit-index path (the 32-bit one needs every offset of the launch to fit an int). The 4 GiB
+    # of storage is allocated but only the three rows are written.
+    if device != "cuda":
+        pytest.skip("the 32-/64-bit index choice is the GPU kernels'")
+    if torch.cuda.get_device_properties(0).total_memory < 16 << 30:
+        pytest.skip("needs 4 GiB of GPU memory")
+    _load()
+    hidden, stride = 8192, (1 << 30) + 64
+    buf = torch.empty(2 * stride + hidden, dtype=torch.bfloat16, device=device)
+    far = buf.as_strided((3, hidden), (stride, 1))
+    far.copy_(torch.randn(3, hidden, device=device))
+    w = torch.randn(hidden, dtype=torch.bfloat16, device=device)
+    out = torch.full((3, hidden), float("nan"), dtype=torch.bfloat16, device=device)
+    torch.ops._C.rms_norm(out, far, w, 1e-6)
+    torch.testing.assert_close(out, rms_norm_ref(far, w, 1e-6), atol=1.6e-2, rtol=1.6e-2)
+    # The residual is the far tensor here.
+    x = torch.randn(3, hidden, dtype=torch.bfloat16, device=device)
+    ref_out, ref_residual = fused_add_rms_norm_ref(x, far, w, 1e-6)
+    torch.ops._C.fused_add_rms_norm(x, far, w, 1e-6)
+    torch.testing.assert_close(far, ref_residual, atol=0, rtol=0)
+    torch.testing.assert_close(x, ref_out, atol=1.6e-2, rtol=1.6e-2)
+    del buf
