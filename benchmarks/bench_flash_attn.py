@@ -4,8 +4,9 @@ run: batch 4, 32 heads, sequence 1024/4096/8192, head dim 64/128, causal and not
 Checks our output against SDPA once per shape before timing; varlen rows (ragged lengths, the
 token count of S=4096) give our figure on the same kind of work without padding. Paged rows run
 the S=4096 work with K/V in a paged cache (block sizes 16 and 256, blocks in shuffled order) to
-set beside the dense row (the issue's "paged within 10% of dense"); softcap rows the same dense
-work with a logit softcap of 50 (the cost of the tanh).
+set beside the dense row (the issue's "paged within 10% of dense"): 16 takes the kernel's
+16-row-group gather, 256 (a multiple of the 64-row K/V tile) its one-pointer-a-tile copy; softcap
+rows the same dense work with a logit softcap of 50 (the cost of the tanh).
 TFLOP/s = 4 * B * H * S^2 * D / time, halved for causal. Writes results/flash_attn_<device>.md/.json through the harness.
 
     python benchmarks/bench_flash_attn.py [--quick] [--out DIR] [--dtype bf16|f16]

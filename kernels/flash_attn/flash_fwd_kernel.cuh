@@ -12,12 +12,16 @@
 // edge) come first; with a left window edge the tile range starts at the first tile any row of
 // the CTA sees, and only the tiles that straddle an edge are masked.
 // Softmax statistics stay in fp32 registers; the 4 lanes that share a row of the mma accumulator
-// reduce with two xor shuffles. The paged variant (kPaged) gathers each K/V tile row through the
-// block table. Its copies take a tile's rows in an order (FwdTraits::PagedRowOrder) that puts the
-// rows of a thread in pairs r, r + 8 of one 16-row group, hence one cache block: a thread reads one
-// table entry per pair, one tile ahead while the current tile's scores are computed (head dims up
-// to 128; above, registers allow only resolving at each load), and forms one 64-bit address per
-// pair; the block-size division is a multiply-high with constants the launch computes.
+// reduce with two xor shuffles. The paged variants (KvLayout) find K/V rows through the block
+// table, whose entries are read one tile ahead while the current tile's scores are computed (head
+// dims up to 128; above, registers allow only resolving at each load); the block-size division is
+// a multiply-high with constants the launch computes. Where the block size is a multiple of the
+// 64-row K/V tile (kPagedTiles), a tile lies in one cache block: one entry a tile, the same for
+// every thread, and the dense copy from one row pointer (bf16 at head dim 128, 128-row tiles: 1017
+// SASS instructions a tile without mask against 980 dense and 1134 in row groups). Other block
+// sizes (kPagedRows) take a tile's rows in an order (FwdTraits::PagedRowOrder) that puts the rows
+// of a thread in pairs r, r + 8 of one 16-row group, hence one cache block: one table entry and
+// one 64-bit address per pair.
 //
 // Registers (the 128-row tile at head dim 128 holds 128 fp32 of O and 64 of S a thread, of 255):
 // the ldmatrix loads address shared memory from one base per operand (detail::SmemOperand: an
@@ -321,9 +325,17 @@ __device__ __forceinline__ void gemm_rs(Acc& acc, const RA& rA, RB& rB, VB& rB_v
 
 }  // namespace detail
 
-template <typename Traits, bool kPaged, bool kSoftcap>
+/// Where the kernel finds K/V rows. kDense: row cu_seqlens_k[b] + j of k/v. Paged (through the
+/// block table), by the launch from the block size: kPagedTiles where it is a multiple of the
+/// kBlockN rows of a K/V tile (every tile then lies in one cache block), kPagedRows for the others.
+enum class KvLayout { kDense, kPagedRows, kPagedTiles };
+
+template <typename Traits, KvLayout kKv, bool kSoftcap>
 __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(const FwdProblem p) {
   using namespace cute;
+  constexpr bool kPaged = kKv != KvLayout::kDense;
+  // Each thread's K/V rows resolved in 16-row groups (FwdTraits::PagedRowOrder).
+  constexpr bool kRowGroups = kKv == KvLayout::kPagedRows;
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kBlockN = Traits::kBlockN;
@@ -409,12 +421,12 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(const FwdP
   // loop instead, they took a dozen registers (addresses, rows, columns), which the 128-row
   // tiles at head dim 128 cannot spare.
   // The row order of the gmem <-> smem tile copies (Q, K, V, O): FwdTraits::PagedRowOrder in the
-  // paged variant, else the identity. order_rows views a (rows, head_dim) tile in that order;
+  // kPagedRows variant, else the identity. order_rows views a (rows, head_dim) tile in that order;
   // copy_row(rows, m) is the tile row of the thread's pass m (the copies share one thread layout,
   // and pass m is kGmemRowsPerPass rows below pass 0 before the reordering, which is linear in
   // the pass and the thread's row).
   auto order_rows = [](auto tile) {
-    if constexpr (kPaged) {
+    if constexpr (kRowGroups) {
       constexpr int kRows = decltype(size<0>(tile))::value;
       using Order = typename Traits::template PagedRowOrder<kRows>;
       return make_tensor(
@@ -435,7 +447,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(const FwdP
   };
   auto copy_row = [&](int t, auto rows, int m) {
     constexpr int kRows = decltype(rows)::value;
-    if constexpr (kPaged) {
+    if constexpr (kRowGroups) {
       using Order = typename Traits::template PagedRowOrder<kRows>;
       return Order{}(copy_row0(t)) + Order{}(m * Traits::kGmemRowsPerPass);
     } else {
@@ -443,13 +455,14 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(const FwdP
     }
   };
 
-  // Paged: a thread's rows of a K/V tile lie in kPageGroups 16-row groups (FwdTraits'
-  // PagedRowOrder); each group's cache block is read one tile ahead, while the current tile's
-  // scores are computed, so the table's latency hides behind the mma. Only the block indices stay
-  // live; the row in the block is recomputed at the copy. Groups past seqlen_k are not resolved:
-  // the table holds nothing for them.
+  // Paged: kPagedRows, a thread's rows of a K/V tile lie in kPageGroups 16-row groups (FwdTraits'
+  // PagedRowOrder); kPagedTiles, the whole tile lies in one cache block (one group). Each group's
+  // cache block is read one tile ahead, while the current tile's scores are computed, so the
+  // table's latency hides behind the mma. Only the block indices stay live; the row in the block
+  // is recomputed at the copy. Groups past seqlen_k are not resolved: the table holds nothing for
+  // them (a tile that is visited holds a key at its first row).
   constexpr int kCopyPasses = Traits::kCopyPasses;
-  constexpr int kPageGroups = kCopyPasses / 2;
+  constexpr int kPageGroups = kRowGroups ? kCopyPasses / 2 : 1;
   // Above head dim 128 the O accumulator leaves no registers to hold the indices across the mma
   // (ptxas -v at 256: 32 bytes spilled): each load resolves its own rows, and the table read's
   // latency is small beside those tiles' mma.
@@ -463,7 +476,9 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(const FwdP
   block_div.mul = p.block_size_mul;
   block_div.shift = p.block_size_shift;
   auto resolve_pages = [&](int t, int n_block) {
-    if constexpr (kPaged) {
+    if constexpr (kKv == KvLayout::kPagedTiles) {
+      page_block[0] = block_table[block_div.div(n_block * kBlockN)];  // the same for all threads
+    } else if constexpr (kRowGroups) {
       CUTE_UNROLL
       for (int g = 0; g < kPageGroups; ++g) {
         const int key = n_block * kBlockN + copy_row(t, Int<kBlockN>{}, 2 * g);
@@ -494,8 +509,8 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(const FwdP
         clear(dst(_, m, _));
       }
     };
-    if constexpr (kPaged) {
-      if constexpr (!kPrefetchPages) resolve_pages(t, n_block);
+    if constexpr (kPaged && !kPrefetchPages) resolve_pages(t, n_block);
+    if constexpr (kRowGroups) {
       Tensor dst = gmem_copy.get_thread_slice(t).partition_D(order_rows(s));
       const Element* thread_base = base + copy_col0(t);
       CUTE_UNROLL
@@ -512,9 +527,19 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(const FwdP
         copy_pass(dst, 2 * g + 1, group + 8 * row_stride);
       }
     } else {
+      // Dense, or paged with the tile inside one cache block: the thread's rows at fixed steps
+      // from one pointer, that of the tile's first key (for kPagedTiles, its block's row
+      // in_block), as the dense layout has them.
+      const Element* tile_base = base;
+      int first_row = n_block * kBlockN;
+      if constexpr (kPaged) {
+        tile_base += static_cast<uint64_t>(static_cast<uint32_t>(page_block[0])) *
+                     static_cast<uint64_t>(block_stride);
+        first_row -= block_div.div(first_row) * p.block_size;
+      }
       Tensor dst = gmem_copy.get_thread_slice(t).partition_D(s);
       const Element* rows =
-          base + copy_col0(t) + static_cast<int64_t>(n_block * kBlockN + copy_row0(t)) * row_stride;
+          tile_base + copy_col0(t) + static_cast<int64_t>(first_row + copy_row0(t)) * row_stride;
       CUTE_UNROLL
       for (int m = 0; m < size<1>(dst); ++m) {
         copy_pass(dst, m, rows + static_cast<int64_t>(m * Traits::kGmemRowsPerPass) * row_stride);
@@ -741,9 +766,9 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_kernel(const FwdP
 }
 
 // Starts one kernel of the instantiation (Traits fixes its query tile and so its grid).
-template <typename Traits, bool kPaged, bool kSoftcap>
+template <typename Traits, KvLayout kKv, bool kSoftcap>
 gpuError_t flash_fwd_start(const FwdProblem& p, gpuStream_t stream) {
-  auto kernel = &flash_fwd_kernel<Traits, kPaged, kSoftcap>;
+  auto kernel = &flash_fwd_kernel<Traits, kKv, kSoftcap>;
   constexpr int kSmem = Traits::kSmemBytes;
   if (kSmem > 48 * 1024) {
     const gpuError_t err =
@@ -754,6 +779,21 @@ gpuError_t flash_fwd_start(const FwdProblem& p, gpuStream_t stream) {
   if (grid.x == 0 || p.batch == 0) return gpuSuccess;
   kernel<<<grid, Traits::kNThreads, kSmem, stream>>>(p);
   return gpuGetLastError();
+}
+
+// Starts the kernel of the problem's K/V layout: paged block sizes that are multiples of the
+// K/V tile's rows take kPagedTiles (one table entry and one row pointer a tile, as dense), the
+// others kPagedRows.
+template <typename Traits, bool kPaged, bool kSoftcap>
+gpuError_t flash_fwd_start_kv(const FwdProblem& p, gpuStream_t stream) {
+  if constexpr (kPaged) {
+    if (p.block_size % Traits::kBlockN == 0) {
+      return flash_fwd_start<Traits, KvLayout::kPagedTiles, kSoftcap>(p, stream);
+    }
+    return flash_fwd_start<Traits, KvLayout::kPagedRows, kSoftcap>(p, stream);
+  } else {
+    return flash_fwd_start<Traits, KvLayout::kDense, kSoftcap>(p, stream);
+  }
 }
 
 /// Launches one instantiation; the dispatch (generated) picks it from the problem. kBlockM: the
@@ -772,9 +812,9 @@ gpuError_t flash_fwd_launch(const FwdProblem& problem, gpuStream_t stream) {
     // kernel leaves free): 64 rows there. At 64 both fit (255 registers, no spill).
     using SoftcapTraits = std::conditional_t<(kHeadDim > 64) && Traits::kBlockM == 128,
                                              FwdTraits<kHeadDim, Element, kCausal, 64>, Traits>;
-    return flash_fwd_start<SoftcapTraits, kPaged, true>(p, stream);
+    return flash_fwd_start_kv<SoftcapTraits, kPaged, true>(p, stream);
   }
-  return flash_fwd_start<Traits, kPaged, false>(p, stream);
+  return flash_fwd_start_kv<Traits, kPaged, false>(p, stream);
 }
 
 }  // namespace aphrodite::flash_attn

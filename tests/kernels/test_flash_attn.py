@@ -122,13 +122,15 @@ def test_varlen_matches_reference(device, dtype, head_dim, heads, kv_heads, caus
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("head_dim", [96, 192, 256])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("paged", [False, True])
-def test_other_head_dims(device, dtype, head_dim, causal, paged):
-    # More than one 128-row query tile (96 runs 128-row tiles), a full one and a partial one.
+@pytest.mark.parametrize("block_size", [None, 16, 128])  # None: dense K/V
+def test_other_head_dims(device, dtype, head_dim, causal, block_size):
+    # More than one 128-row query tile (96 runs 128-row tiles), a full one and a partial one; a
+    # paged cache of 16-row blocks (K/V tiles gathered in row groups) and of 128 (each tile in one
+    # block).
     seq_q = [1, 70, 129, 300]
     seq_k = [1, 75, 193, 310]
     q, k, v, cu_q, cu_k = make_batch(seq_q, seq_k, 4, 2, head_dim, dtype, device, seed=head_dim)
-    pages = to_paged(k, v, cu_k, 16, seed=head_dim) if paged else None
+    pages = None if block_size is None else to_paged(k, v, cu_k, block_size, seed=head_dim)
     check(q, k, v, cu_q, cu_k, seq_q, seq_k, causal, dtype, paged=pages)
 
 
@@ -273,7 +275,10 @@ def test_bad_paged_inputs(device):
         f(q, kp, kp, cu_q, cu_k, 20, 20, block_table=table)
 
 
-BLOCK_SIZES = [16, 64, 256]
+# Below the 64-row K/V tile (16: a tile spans four blocks); not a multiple of it (80: tiles
+# straddle block edges, and the block-size division is not a shift); multiples of it (each tile in
+# one block: the kernel's one-pointer-a-tile path), 192 again not a power of two.
+BLOCK_SIZES = [16, 64, 80, 192, 256]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -294,7 +299,7 @@ def test_paged_matches_reference(device, dtype, block_size, heads, kv_heads, cau
     assert got.data_ptr() == out.data_ptr()
 
 
-@pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.parametrize("block_size", [16, 32, 64])
 def test_paged_with_seqused_k_like_vllm(device, block_size):
     # vLLM passes the key counts in seqused_k and a dummy cu_seqlens_k.
     dtype = torch.bfloat16
