@@ -60,14 +60,6 @@ __device__ __forceinline__ void wait() {
 /// its accumulators behind the compiler's back).
 __device__ __forceinline__ void fence_operand(float& x) { asm volatile("" : "+f"(x)::"memory"); }
 
-/// Makes this thread's generic-proxy writes to shared memory (st.shared, cp.async) visible to
-/// the async proxy (wgmma operand reads); a barrier must follow before another thread's wgmma.
-__device__ __forceinline__ void fence_proxy_async() {
-#if APHRODITE_HAS_WGMMA
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-#endif
-}
-
 /// The descriptor of a K-major operand at shared address `addr` (1024-byte aligned for the
 /// swizzle's phase) in the 128-byte swizzle: start address >> 4 in bits 0..13, leading byte
 /// offset 1 (unused by swizzled K-major layouts), stride byte offset 1024 >> 4 in bits 32..45,

@@ -294,12 +294,8 @@ struct Config {
   /// Resident blocks per SM that ptxas plans registers for (__launch_bounds__): 3 for the 4-warp
   /// blocks of 16 and 32 rows (at most 170 registers), which shared memory allows 3 per SM on
   /// sm_90. Without it ptxas 13.0 gave the bf16 uint4b8 decode block 96 registers and a spill,
-  /// and the 32-row blocks 187-208 registers (2 per SM). 2 for the 64-row wgmma block (at most
-  /// 128 registers: 4 warpgroups per SM to overlap one's dequantization with another's
-  /// products; an H100 sweep at 1 block per SM found it latency-bound, 1500 cycles a stage).
-  static constexpr int kMinBlocks = kThreads == 128 && kBlockM <= 32 ? 3
-                                    : kWgmma && kBlockM == 64        ? 2
-                                                                     : 1;
+  /// and the 32-row blocks 187-208 registers (2 per SM).
+  static constexpr int kMinBlocks = kThreads == 128 && kBlockM <= 32 ? 3 : 1;
   static_assert(kABytes % 16 == 0 && kBBytes % 16 == 0 && kSBytes % 16 == 0 && kZBytes % 16 == 0,
                 "stage parts must stay 16-byte aligned");
 };
@@ -703,47 +699,52 @@ __global__ void __launch_bounds__(
       }
     };
 
-    // A wgmma block's stage: per k step, each warp dequantizes words 2 warp_m and 2 warp_m + 1
-    // of its lane's weight vector into two A fragments (16 of its columns each: wgmma.cuh's
-    // register A, rows g / g + 8 = sub-tiles 2w / 2w + 1) and its warpgroup issues two
-    // m64 n(kBlockM) k16 products against the stage's activations (B, read in place: the
-    // activation tile's XOR swizzle is the 128-byte swizzle). The fragments are double-buffered:
-    // a step waits for the products of the step before last, whose registers it reuses. The
-    // stage's last products run on into the next stage (whose first step waits for them), which
-    // is why a wgmma block keeps one slot fewer in flight (kAhead): the slot refilled at a stage
-    // was read two stages before, never by products still running.
+    // A wgmma block's stage, in two batches of two k steps: each warp dequantizes words
+    // 2 warp_m and 2 warp_m + 1 of its lane's weight vector for a batch's steps into 4 A
+    // fragments (16 of its columns each: wgmma.cuh's register A, rows g / g + 8 = sub-tiles
+    // 2w / 2w + 1), then its warpgroup issues the batch's 4 m64 n(kBlockM) k16 products against
+    // the stage's activations (B, read in place: the activation tile's XOR swizzle is the
+    // 128-byte swizzle) and waits only for the batch before. So a warpgroup dequantizes a batch
+    // while the tensor cores run the one before: the fragments are double-buffered (afw[batch],
+    // the buffer of batch 0 free again once batch 1 of the same stage has waited), and a stage's
+    // slot is refilled two stages later (kAhead), when no product reads it any more.
+    constexpr int kBatchSteps = 2;
+    uint32_t afw[kWgmma ? kKSteps / kBatchSteps : 1][kBatchSteps][2][4];
     auto compute_stage_wgmma = [&](int slot_off, int stage) {
       if constexpr (kWgmma) {
         const unsigned char* base = smem + slot_off;
         const int2* sb = reinterpret_cast<const int2*>(base + C::kABytes);
         const int boundary = group_boundary(stage);
-        // The packed weights of a step, fetched one step ahead (two registers in flight: the
-        // 64-row block is held to 128 registers).
         auto fetch = [&](int kk) { return sb[((kk * kNWarps + warp_n) * 32 + lane) * 2 + warp_m]; };
-        int2 next = fetch(0);
         const uint64_t desc = wgmma::desc_k_sw128(smem_addr(base));
-        uint32_t af[2][2][4];
+        int2 next = fetch(0);  // the packed weights of a step, fetched one step ahead
 #pragma unroll
-        for (int kk = 0; kk < kKSteps; ++kk) {
-          if constexpr (kGrouped) {
-            if (kk == 0) {
-              load_group(base, 0);        // boundary >= 1
-            } else if (kk == boundary) {  // uniform over the block
-              load_group(base, 1);
+        for (int b = 0; b < kKSteps / kBatchSteps; ++b) {
+#pragma unroll
+          for (int i = 0; i < kBatchSteps; ++i) {
+            const int kk = b * kBatchSteps + i;
+            if constexpr (kGrouped) {
+              if (kk == 0) {
+                load_group(base, 0);        // boundary >= 1
+              } else if (kk == boundary) {  // uniform over the block
+                load_group(base, 1);
+              }
             }
+            const int2 packed = next;
+            if (kk + 1 < kKSteps) next = fetch(kk + 1);
+            dequant_word(0, static_cast<uint32_t>(packed.x), afw[b][i][0]);
+            dequant_word(1, static_cast<uint32_t>(packed.y), afw[b][i][1]);
           }
-          const int2 packed = next;
-          if (kk + 1 < kKSteps) next = fetch(kk + 1);
-          dequant_word(0, static_cast<uint32_t>(packed.x), af[kk % 2][0]);
-          dequant_word(1, static_cast<uint32_t>(packed.y), af[kk % 2][1]);
           wgmma::fence();
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            wgmma::WgmmaRs<T, C::kBlockM>::mma(&acc[0][0][0] + h * (C::kBlockM / 2), af[kk % 2][h],
-                                               desc + 2 * kk, 1);
-          }
+          for (int i = 0; i < kBatchSteps; ++i)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              wgmma::WgmmaRs<T, C::kBlockM>::mma(&acc[0][0][0] + h * (C::kBlockM / 2), afw[b][i][h],
+                                                 desc + 2 * (b * kBatchSteps + i), 1);
+            }
           wgmma::commit();
-          wgmma::wait<1>();
+          wgmma::wait<1>();  // the batch before is done: its fragments (and slot) are free
         }
       }
     };
@@ -761,8 +762,11 @@ __global__ void __launch_bounds__(
     auto main_loop = [&](auto narrow_tag) {
       int compute_off = 0, load_off = kAhead * C::kStageBytes;
       for (int it = 0; it < n_iters; ++it) {
+        // (No proxy fence for wgmma's reads of the copies: the cp.async completion that the wait
+        // and the barrier publish orders them, as in CUTLASS's sm90 cp.async GMMA mainloops,
+        // which hand the stage over through an mbarrier that the copies arrive on; a
+        // fence.proxy.async here is a MEMBAR.ALL.CTA that waits for every copy in flight.)
         cp_async_wait<kAhead - 1>();
-        if constexpr (kWgmma) wgmma::fence_proxy_async();  // the copies, for wgmma's reads
         // Slice `it` is visible to all, and every warp is done with slot (it + kAhead) % kStages
         // (read by slice it - 1, or it - 2 for a wgmma block).
         __syncthreads();
