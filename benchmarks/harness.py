@@ -23,7 +23,7 @@ _FLUSH: list[torch.Tensor] = []
 
 def _flush_buffer() -> torch.Tensor:
     if not _FLUSH:
-        _FLUSH.append(torch.empty(256 * 2**20, dtype=torch.float32, device="cuda"))
+        _FLUSH.append(torch.zeros(256 * 2**20, dtype=torch.float32, device="cuda"))
     return _FLUSH[0]
 
 
@@ -31,16 +31,20 @@ def median_ms(fn, device: str, warmup: int = 10, reps: int = 100) -> float:
     for _ in range(warmup):
         fn()
     if device == "cuda":
-        # Before each timed call the GPU gets 1 GiB to clear (about 0.35 ms on an H100: longer
-        # than the call's host-side work takes to launch it, torch.compile's guards included,
-        # and far more than the L2 of the GPUs we measure on): the events then time the kernels
-        # alone, not the host's launch latency, from a cold L2.
+        # Before each timed call the GPU reads 1 GiB (about 0.35 ms on an H100: longer than the
+        # call's host-side work takes to launch it, torch.compile's guards included, and far
+        # more than the L2 of the GPUs we measure on): the events then time the kernels alone,
+        # not the host's launch latency, from a cold L2. Read, not written: a flush that writes
+        # (zero_) leaves the L2 full of dirty lines, whose write-back the timed call then pays
+        # for, the same few microseconds for every contender, which flattens the ratios of
+        # short calls; after a read the L2 holds clean lines of the flush buffer, as it holds
+        # clean weights between the layers of a model being served.
         flush = _flush_buffer()
         torch.cuda.synchronize()
         times = []
         for _ in range(reps):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            flush.zero_()
+            flush.amax()
             start.record()
             fn()
             end.record()
