@@ -266,7 +266,6 @@ def test_offsets_past_int32(device, flash):
         pytest.skip("the 32-/64-bit index choice is the GPU kernels'")
     if torch.cuda.get_device_properties(0).total_memory < 16 << 30:
         pytest.skip("needs 4 GiB of GPU memory")
-    _load()
     dtype, heads, head_size, block_size, num_blocks, tokens = torch.bfloat16, 2, 64, 16, 9, 5
     block_stride = 1 << 28
     key, value = fused_kv(tokens, heads, head_size, dtype, device)

@@ -96,7 +96,6 @@ def test_offsets_past_int32(device):
         pytest.skip("the 32-/64-bit index choice is the GPU kernels'")
     if torch.cuda.get_device_properties(0).total_memory < 16 << 30:
         pytest.skip("needs 4 GiB of GPU memory")
-    _load()
     hidden, stride = 8192, (1 << 30) + 64
     buf = torch.empty(2 * stride + hidden, dtype=torch.bfloat16, device=device)
     far = buf.as_strided((3, hidden), (stride, 1))
