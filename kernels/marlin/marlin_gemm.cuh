@@ -23,7 +23,11 @@
 //    Where several blocks share a tile, each writes fp32 partials, and the last to arrive (a
 //    counter in the workspace) sums them in a fixed order (deterministic), adds the bias, writes
 //    the output and resets the counter to zero.
-// Torch-free; sm_80 and newer (mma.sync bf16, cp.async, ldmatrix).
+// The wgmma blocks (kWgmma, sm_90a only) keep this structure but replace the MMA step: per two k
+// steps a warpgroup issues one batch of wgmma products, the dequantized weights as the register A
+// of the transposed product and the stage's activations read in place as its B (Config,
+// compute_stage_wgmma; kernels/marlin/NOTES.md).
+// Torch-free; sm_80 and newer (mma.sync bf16, cp.async, ldmatrix); wgmma blocks sm_90a.
 #pragma once
 
 #include <atomic>
