@@ -32,3 +32,21 @@ def pytest_generate_tests(metafunc):
             )
         ]
         metafunc.parametrize("device", params)
+
+
+@pytest.fixture
+def far_view(device):
+    """For the tests of the GPU kernels' 64-bit-index paths: make(shape, strides, dtype) returns
+    a view of that shape and those element strides into a buffer just large enough (several GiB
+    of storage, only the view's elements touched), so that its offsets pass 2^31. Skips off the
+    GPU (the 32-/64-bit index choice is the GPU kernels') and on GPUs under 16 GiB."""
+    if device != "cuda":
+        pytest.skip("the 32-/64-bit index choice is the GPU kernels'")
+    if torch.cuda.get_device_properties(0).total_memory < 16 << 30:
+        pytest.skip("needs several GiB of GPU memory")
+
+    def make(shape, strides, dtype=torch.bfloat16):
+        size = 1 + sum((n - 1) * st for n, st in zip(shape, strides, strict=True))
+        return torch.empty(size, dtype=dtype, device=device).as_strided(shape, strides)
+
+    return make

@@ -258,24 +258,16 @@ def test_block_size_not_a_power_of_two(device, dtype, flash):
 
 
 @pytest.mark.parametrize("flash", [False, True])
-def test_offsets_past_int32(device, flash):
+def test_offsets_past_int32(device, flash, far_view):
     # A key cache whose blocks lie 2^28 elements apart (a view of 4 GiB, of which only the
     # written slots are touched): its offsets pass 2^31, so the GPU kernels take their
     # 64-bit-index path (the 32-bit one needs every offset of the launch to fit an int).
-    if device != "cuda":
-        pytest.skip("the 32-/64-bit index choice is the GPU kernels'")
-    if torch.cuda.get_device_properties(0).total_memory < 16 << 30:
-        pytest.skip("needs 4 GiB of GPU memory")
     dtype, heads, head_size, block_size, num_blocks, tokens = torch.bfloat16, 2, 64, 16, 9, 5
-    block_stride = 1 << 28
     key, value = fused_kv(tokens, heads, head_size, dtype, device)
-    buf = torch.empty(
-        (num_blocks - 1) * block_stride + heads * head_size * block_size, dtype=dtype, device=device
-    )
     small_key, value_cache = (flash_caches if flash else paged_caches)(
         num_blocks, heads, head_size, block_size, dtype, device
     )
-    key_cache = buf.as_strided(small_key.shape, (block_stride, *small_key.stride()[1:]))
+    key_cache = far_view(small_key.shape, (1 << 28, *small_key.stride()[1:]), dtype)
     key_cache.copy_(small_key)
     slots = torch.tensor(
         [8 * block_size + 3, 7, -1, 8 * block_size + 15, 4 * block_size], device=device
@@ -286,7 +278,6 @@ def test_offsets_past_int32(device, flash):
     op(key, value, key_cache, value_cache, slots, "auto", one, one)
     assert_bits_equal(key_cache, ref_k)
     assert_bits_equal(value_cache, ref_v)
-    del buf
 
 
 def test_slot_mapping_shorter_than_key(device):
