@@ -712,16 +712,10 @@ __global__ void __launch_bounds__(
     // while the tensor cores run the one before: the fragments are double-buffered (afw[batch],
     // the buffer of batch 0 free again once batch 1 of the same stage has waited), and a stage's
     // slot is refilled two stages later (kAhead), when no product reads it any more.
-    // The 64-row block batches a whole stage (4 steps; 178 -> ~245 registers, no spills), so
-    // that the fragment buffers alternate between stages (the main loop runs stages in pairs);
-    // the 128-row block, whose accumulators leave no room for 4 steps' fragments twice, batches
-    // 2 steps (its buffers alternate within a stage).
-    constexpr int kBatchSteps = C::kBlockM == 64 ? kKSteps : 2;
-    constexpr int kBatches = kKSteps / kBatchSteps;
-    uint32_t afw[kWgmma ? 2 : 1][kBatchSteps][2][4];
-    auto compute_stage_wgmma = [&](int slot_off, int stage, auto parity_tag) {
+    constexpr int kBatchSteps = 2;
+    uint32_t afw[kWgmma ? kKSteps / kBatchSteps : 1][kBatchSteps][2][4];
+    auto compute_stage_wgmma = [&](int slot_off, int stage) {
       if constexpr (kWgmma) {
-        constexpr int kParity = decltype(parity_tag)::value;
         const unsigned char* base = smem + slot_off;
         const int2* sb = reinterpret_cast<const int2*>(base + C::kABytes);
         const int boundary = group_boundary(stage);
@@ -742,17 +736,15 @@ __global__ void __launch_bounds__(
             }
             const int2 packed = next;
             if (kk + 1 < kKSteps) next = fetch(kk + 1);
-            constexpr int kBuf0 = kParity * kBatches;  // batch b's buffer: (kBuf0 + b) % 2
-            dequant_word(0, static_cast<uint32_t>(packed.x), afw[(kBuf0 + b) % 2][i][0]);
-            dequant_word(1, static_cast<uint32_t>(packed.y), afw[(kBuf0 + b) % 2][i][1]);
+            dequant_word(0, static_cast<uint32_t>(packed.x), afw[b][i][0]);
+            dequant_word(1, static_cast<uint32_t>(packed.y), afw[b][i][1]);
           }
           wgmma::fence();
 #pragma unroll
           for (int i = 0; i < kBatchSteps; ++i)
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-              wgmma::WgmmaRs<T, C::kBlockM>::mma(&acc[0][0][0] + h * (C::kBlockM / 2),
-                                                 afw[(kParity * kBatches + b) % 2][i][h],
+              wgmma::WgmmaRs<T, C::kBlockM>::mma(&acc[0][0][0] + h * (C::kBlockM / 2), afw[b][i][h],
                                                  desc + 2 * (b * kBatchSteps + i), 1);
             }
           wgmma::commit();
@@ -773,7 +765,7 @@ __global__ void __launch_bounds__(
     // kStages: byte offsets kept as counters instead of a division per stage.
     auto main_loop = [&](auto narrow_tag) {
       int compute_off = 0, load_off = kAhead * C::kStageBytes;
-      auto run_stage = [&](int it, auto parity_tag) {
+      for (int it = 0; it < n_iters; ++it) {
         // (No proxy fence for wgmma's reads of the copies: the cp.async completion that the wait
         // and the barrier publish orders them, as in CUTLASS's sm90 cp.async GMMA mainloops,
         // which hand the stage over through an mbarrier that the copies arrive on; a
@@ -787,27 +779,12 @@ __global__ void __launch_bounds__(
         load_off += C::kStageBytes;
         if (load_off == C::kStages * C::kStageBytes) load_off = 0;
         if constexpr (kWgmma) {
-          compute_stage_wgmma(compute_off, stage_begin + it, parity_tag);
+          compute_stage_wgmma(compute_off, stage_begin + it);
         } else {
           compute_stage(compute_off, stage_begin + it, narrow_tag);
         }
         compute_off += C::kStageBytes;
         if (compute_off == C::kStages * C::kStageBytes) compute_off = 0;
-      };
-      using Even = std::integral_constant<int, 0>;
-      using Odd = std::integral_constant<int, 1>;
-      if constexpr (kWgmma && kBatches % 2 == 1) {
-        // Stages in pairs, then a last even one: no path from an even stage to the next even
-        // one, whose dequantization would overwrite the fragments the first's batch may still
-        // be reading (ptxas then serializes every wgmma of the kernel: C7513).
-        int it = 0;
-        for (; it + 1 < n_iters; it += 2) {
-          run_stage(it, Even{});
-          run_stage(it + 1, Odd{});
-        }
-        if (it < n_iters) run_stage(it, Even{});
-      } else {
-        for (int it = 0; it < n_iters; ++it) run_stage(it, Even{});
       }
     };
     if (kCanNarrow && narrow) {
