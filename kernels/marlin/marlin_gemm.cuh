@@ -246,8 +246,8 @@ inline int64_t max_contributors(int64_t col_blocks, int64_t num_stages, int64_t 
 }
 
 /// Shared memory a wgmma block (sm_90 only, up to 227 KiB there) may take, and its pipeline
-/// depth: 5 slots (4 slices in flight) of 18 KiB (64 rows) or 26 KiB (128 rows), so that two
-/// 64-row blocks share an SM.
+/// depth: 5 slots of 18 KiB (64 rows) or 26 KiB (128 rows): 3 slices in flight while one is
+/// computed and the one before is still read by products running on (gemm_kernel's kAhead).
 constexpr int kWgmmaSmemBudget = 200 * 1024;
 constexpr int kWgmmaStages = 5;
 
