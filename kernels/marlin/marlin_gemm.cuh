@@ -592,7 +592,8 @@ __global__ void __launch_bounds__(
     };
 
     // wgmma blocks: acc, as kBlockM floats, is the accumulators of warpgroup warp_m's two
-    // products (word 2 warp_m + h at acc_flat + h * kBlockM / 2; wgmma.cuh gives their layout).
+    // products (word 2 warp_m + h at &acc[0][0][0] + h * kBlockM / 2; wgmma.cuh gives their
+    // layout).
     float acc[kMTiles][8][4];
 #pragma unroll
     for (int i = 0; i < kMTiles; ++i)
