@@ -44,6 +44,11 @@ namespace aphrodite::marlin::detail {
 constexpr int kMaxStages = 4;
 constexpr int kDecodeStages = 6;
 constexpr int kMaxSplits = 64;  ///< k slices a plan may split a tile into
+/// Most blocks of a split tile that launch_gemm_instance runs as one cluster (the portable
+/// cluster size); more splits reduce through global memory.
+constexpr int kMaxClusterSplits = 8;
+/// How the GPU places a launch's clusters on its GPCs.
+constexpr cudaClusterSchedulingPolicy kClusterPolicy = cudaClusterSchedulingPolicySpread;
 /// Dynamic shared memory a block may opt into on every target arch (sm_86, sm_89 and sm_120
 /// stop at 99 KiB; sm_80 and sm_90 allow more).
 constexpr int kSmemBudget = 96 * 1024;
@@ -84,6 +89,49 @@ struct Traits<__nv_bfloat16> {
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+/// The thread block cluster (sm_90): blocks in it, this block's rank, the cluster-wide barrier
+/// (release / acquire: shared-memory writes before it are visible to every block after it), and
+/// a 16-byte read of another block's shared memory (addr: this block's address of the same
+/// variable). Without clusters (older archs) one block of rank 0.
+__device__ __forceinline__ uint32_t cluster_blocks() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  uint32_t n;
+  asm volatile("mov.u32 %0, %%cluster_nctarank;\n" : "=r"(n));
+  return n;
+#else
+  return 1;
+#endif
+}
+__device__ __forceinline__ uint32_t cluster_rank() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+#else
+  return 0;
+#endif
+}
+__device__ __forceinline__ void cluster_sync() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "barrier.cluster.arrive.release.aligned;\n"
+      "barrier.cluster.wait.acquire.aligned;\n" ::
+          : "memory");
+#endif
+}
+__device__ __forceinline__ float4 ld_cluster_f4(uint32_t addr, uint32_t rank) {
+  float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(addr), "r"(rank));
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(remote)
+               : "memory");
+#endif
+  return v;
 }
 
 /// 16-byte global->shared copy that bypasses L1; copies zeros instead when !valid.
@@ -293,6 +341,9 @@ struct Config {
   static constexpr int kSmemBytes =
       kStages * kStageBytes > kReduceBytes ? kStages * kStageBytes : kReduceBytes;
   static_assert(kSmemBytes <= kBudget, "a block shape's pipeline must fit every target arch");
+  /// Split-K through a thread block cluster (sm_90, launch_gemm_instance): the tile's fp32 sums
+  /// of every block of the cluster fit in its pipeline's shared memory.
+  static constexpr bool kClusterReduce = kBlockM * kBlockN * 4 <= kSmemBytes;
   /// Dynamic shared memory to ask for: a wgmma block aligns its pipeline up to 1024 bytes.
   static constexpr int kSmemAlloc = kWgmma ? kSmemBytes + 1024 : kSmemBytes;
   /// Resident blocks per SM that ptxas plans registers for (__launch_bounds__): 3 for the 4-warp
@@ -924,6 +975,56 @@ __global__ void __launch_bounds__(
       for_each_pair(store);
       continue;
     }
+    // Split-K in a cluster (launch_gemm_instance launches the `splits` blocks of a tile as one
+    // cluster on sm_90, where each block has exactly this one segment): every block puts its
+    // tile of fp32 sums in its own shared memory, and after a cluster barrier block `rank` sums
+    // a 1/`blocks` share of the tile over the blocks' shared memory, in rank (= slot) order as
+    // the global-memory path below sums its slots, and stores it. No global round trips: the
+    // fp32 partials, the fence, the counter and the last block's serial read of every slot (an
+    // H100 probe: 10 of 60 us at M = 16, 28672 x 8192, split 8) are gone.
+    if constexpr (C::kClusterReduce) {
+      const uint32_t blocks = cluster_blocks();
+      if (blocks > 1) {
+        float* red = reinterpret_cast<float*>(smem);  // [kBlockM][kBlockN], tile-local
+        __syncthreads();  // every warp is done with the pipeline's buffers
+        for_each_pair([&](int64_t row, int64_t col, float v0, float v1) {
+          *reinterpret_cast<float2*>(red + (row - m0) * C::kBlockN + (col - n0)) =
+              make_float2(v0, v1);
+        });
+        cluster_sync();
+        const int rows = static_cast<int>(p.m - m0 < C::kBlockM ? p.m - m0 : C::kBlockM);
+        const int quads = rows * (C::kBlockN / 4);  // 4 columns each
+        const uint32_t rank = cluster_rank();
+        for (int q = static_cast<int>(rank) * C::kThreads + tid; q < quads;
+             q += static_cast<int>(blocks) * C::kThreads) {
+          const int r = q / (C::kBlockN / 4), c = q % (C::kBlockN / 4) * 4;
+          if (n0 + c >= p.n) continue;  // N is a multiple of 64: a quad is all in or all out
+          const uint32_t addr = smem_addr(red + r * C::kBlockN + c);
+          float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+          // Up to 4 blocks' loads in flight at once (registers: the wgmma blocks have few left).
+          for (int z0 = 0; z0 < static_cast<int>(blocks); z0 += 4) {
+            float4 v[4];
+#pragma unroll
+            for (int z = 0; z < 4; ++z) {
+              if (z0 + z < static_cast<int>(blocks)) v[z] = ld_cluster_f4(addr, z0 + z);
+            }
+#pragma unroll
+            for (int z = 0; z < 4; ++z) {
+              if (z0 + z < static_cast<int>(blocks)) {
+                sum.x += v[z].x;
+                sum.y += v[z].y;
+                sum.z += v[z].z;
+                sum.w += v[z].w;
+              }
+            }
+          }
+          store(m0 + r, n0 + c, sum.x, sum.y);
+          store(m0 + r, n0 + c + 2, sum.z, sum.w);
+        }
+        cluster_sync();  // no block leaves while another still reads its shared memory
+        continue;
+      }
+    }
     const int partial_slot = seg.slot;
 
     for_each_pair([&](int64_t row, int64_t col, float v0, float v1) {
@@ -1026,6 +1127,51 @@ gpuError_t launch_gemm_instance(const GemmProblem& p, int workers, gpuStream_t s
                   static_cast<unsigned>((p.m + C::kBlockM - 1) / C::kBlockM));
   // Grouped kernels only divide by the group size (>= 32, the binding checks).
   const FastDiv group_div(kGrouped ? static_cast<uint32_t>(p.group_size) : 2u);
+  // Split-K (workers a multiple of the column tiles: each block within one tile) on sm_90 with
+  // 2..kMaxClusterSplits splits: the blocks of a tile as one cluster, reduced through their
+  // shared memory (gemm_kernel). The kernel needs nothing else to know: a launch without the
+  // cluster (another arch, clusters that would not all be resident at once, or the launch
+  // refused) takes the global-memory path, and the plan's workspace is the same either way.
+  const int64_t col_blocks = (p.n + C::kBlockN - 1) / C::kBlockN;
+  const int64_t splits = workers % col_blocks == 0 ? workers / col_blocks : 1;
+  if (C::kClusterReduce && p.arch >= 90 && splits >= 2 && splits <= kMaxClusterSplits) {
+    cudaLaunchConfig_t config{};
+    config.gridDim = grid;
+    config.blockDim = dim3(C::kThreads);
+    config.dynamicSmemBytes = C::kSmemAlloc;
+    config.stream = stream;
+    cudaLaunchAttribute attrs[2]{};
+    attrs[0].id = cudaLaunchAttributeClusterDimension;
+    attrs[0].val.clusterDim.x = static_cast<unsigned>(splits);
+    attrs[0].val.clusterDim.y = 1;
+    attrs[0].val.clusterDim.z = 1;
+    attrs[1].id = cudaLaunchAttributeClusterSchedulingPolicyPreference;
+    attrs[1].val.clusterSchedulingPolicyPreference = kClusterPolicy;
+    config.attrs = attrs;
+    config.numAttrs = 2;
+    // A cluster's blocks are resident together on one GPC: where fewer clusters than the grid
+    // holds fit at once (the GPCs' SMs do not divide into clusters as the SMs into blocks), a
+    // second wave would cost more than the reduction saves. Cached per device and cluster size.
+    constexpr int kMaxDevices = 64;
+    static std::atomic<int> resident[kMaxDevices][kMaxClusterSplits + 1];  // 0: not asked yet
+    int device = 0;
+    if (cudaGetDevice(&device) == gpuSuccess && device < kMaxDevices) {
+      std::atomic<int>& cached = resident[device][splits];
+      int clusters = cached.load(std::memory_order_relaxed);
+      if (clusters == 0) {
+        if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != gpuSuccess) {
+          (void)gpuGetLastError();
+          clusters = 0;
+        }
+        clusters = clusters > 0 ? clusters : -1;  // -1: clusters do not run here
+        cached.store(clusters, std::memory_order_relaxed);
+      }
+      if (static_cast<int64_t>(clusters) * splits >= int64_t{grid.x} * grid.y) {
+        if (cudaLaunchKernelEx(&config, kernel, p, group_div) == gpuSuccess) return gpuSuccess;
+        (void)gpuGetLastError();  // refused: the plain launch below
+      }
+    }
+  }
   kernel<<<grid, C::kThreads, C::kSmemAlloc, stream>>>(p, group_div);
   return gpuGetLastError();
 }
