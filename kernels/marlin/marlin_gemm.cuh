@@ -47,8 +47,6 @@ constexpr int kMaxSplits = 64;  ///< k slices a plan may split a tile into
 /// Most blocks of a split tile that launch_gemm_instance runs as one cluster (the portable
 /// cluster size); more splits reduce through global memory.
 constexpr int kMaxClusterSplits = 8;
-/// How the GPU places a launch's clusters on its GPCs.
-constexpr cudaClusterSchedulingPolicy kClusterPolicy = cudaClusterSchedulingPolicySpread;
 /// Dynamic shared memory a block may opt into on every target arch (sm_86, sm_89 and sm_120
 /// stop at 99 KiB; sm_80 and sm_90 allow more).
 constexpr int kSmemBudget = 96 * 1024;
@@ -1101,6 +1099,78 @@ gpuError_t configure_instance(int* blocks_per_sm) {
   return gpuSuccess;
 }
 
+/// A cluster launch of one instantiation (launch_gemm_instance): the dynamic shared memory each
+/// block asks for, so that no more blocks than the grid's share share an SM, and how many
+/// clusters are then resident at once (0: none run here).
+struct ClusterShape {
+  int smem;
+  int clusters;
+};
+
+/// The ClusterShape of instantiation C (`natural` blocks to an SM) for `blocks` blocks in
+/// clusters of `splits` on the current device; worked out once per (device, splits, blocks to
+/// an SM) and cached.
+template <typename C, typename Kernel>
+ClusterShape cluster_shape(Kernel kernel, int natural, int splits, int64_t blocks) {
+  constexpr int kMaxDevices = 64, kMaxPerSm = 4;
+  // (smem << 32) | (clusters + 1); 0: not worked out yet.
+  static std::atomic<int64_t> cache[kMaxDevices][kMaxClusterSplits + 1][kMaxPerSm + 1];
+  int device = 0, sms = 0;
+  if (cudaGetDevice(&device) != gpuSuccess || device >= kMaxDevices ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != gpuSuccess) {
+    (void)gpuGetLastError();
+    return {C::kSmemAlloc, 0};
+  }
+  // As many blocks to an SM as its slots hold, or more: no shaping (the slots decide).
+  int64_t per_sm = (blocks + sms - 1) / sms;
+  if (per_sm >= natural || per_sm > kMaxPerSm) per_sm = 0;
+  std::atomic<int64_t>& cached = cache[device][splits][per_sm];
+  const int64_t packed = cached.load(std::memory_order_relaxed);
+  if (packed != 0) {
+    return {static_cast<int>(packed >> 32), static_cast<int>(packed & 0xffffffff) - 1};
+  }
+  ClusterShape shape{C::kSmemAlloc, 0};
+  int sm_smem = 0, reserved = 0, optin = 0;
+  cudaFuncAttributes attr{};
+  if (per_sm > 0 &&
+      cudaDeviceGetAttribute(&sm_smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device) ==
+          gpuSuccess &&
+      cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, device) ==
+          gpuSuccess &&
+      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) ==
+          gpuSuccess &&
+      cudaFuncGetAttributes(&attr, kernel) == gpuSuccess) {
+    const int fixed = static_cast<int>(attr.sharedSizeBytes);
+    const int limit = optin - fixed;
+    int want = sm_smem / static_cast<int>(per_sm) - reserved - fixed;
+    want = (want < limit ? want : limit) / 128 * 128;
+    if (want > shape.smem &&
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, limit) ==
+            gpuSuccess) {
+      shape.smem = want;
+    }
+  }
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(splits));
+  config.blockDim = dim3(C::kThreads);
+  config.dynamicSmemBytes = static_cast<size_t>(shape.smem);
+  cudaLaunchAttribute attrs[1]{};
+  attrs[0].id = cudaLaunchAttributeClusterDimension;
+  attrs[0].val.clusterDim.x = static_cast<unsigned>(splits);
+  attrs[0].val.clusterDim.y = 1;
+  attrs[0].val.clusterDim.z = 1;
+  config.attrs = attrs;
+  config.numAttrs = 1;
+  if (cudaOccupancyMaxActiveClusters(&shape.clusters, kernel, &config) != gpuSuccess ||
+      shape.clusters < 0) {
+    shape.clusters = 0;
+  }
+  (void)gpuGetLastError();
+  cached.store((static_cast<int64_t>(shape.smem) << 32) | (shape.clusters + 1),
+               std::memory_order_relaxed);
+  return shape;
+}
+
 /// @brief Launches one instantiation on a grid of `workers` x (row blocks): the `workers` blocks of
 /// a row of blocks share its column tiles x k slices in equal contiguous ranges (gemm_kernel).
 /// workers = column tiles x splits is split-K; every tile whose k range several blocks share
@@ -1120,8 +1190,10 @@ gpuError_t launch_gemm_instance(const GemmProblem& p, int workers, gpuStream_t s
       static_cast<int64_t>(workers) * (units % workers) >= (int64_t{1} << 32)) {
     return cudaErrorInvalidValue;
   }
+  int natural = 1;  // blocks to an SM
   gpuError_t err =
-      configure_instance<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps, kKWarps, kWgmma>(nullptr);
+      configure_instance<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps, kKWarps, kWgmma>(
+          &natural);
   if (err != gpuSuccess) return err;
   const dim3 grid(static_cast<unsigned>(workers),
                   static_cast<unsigned>((p.m + C::kBlockM - 1) / C::kBlockM));
@@ -1140,36 +1212,26 @@ gpuError_t launch_gemm_instance(const GemmProblem& p, int workers, gpuStream_t s
     config.blockDim = dim3(C::kThreads);
     config.dynamicSmemBytes = C::kSmemAlloc;
     config.stream = stream;
-    cudaLaunchAttribute attrs[2]{};
+    cudaLaunchAttribute attrs[1]{};
     attrs[0].id = cudaLaunchAttributeClusterDimension;
     attrs[0].val.clusterDim.x = static_cast<unsigned>(splits);
     attrs[0].val.clusterDim.y = 1;
     attrs[0].val.clusterDim.z = 1;
-    attrs[1].id = cudaLaunchAttributeClusterSchedulingPolicyPreference;
-    attrs[1].val.clusterSchedulingPolicyPreference = kClusterPolicy;
     config.attrs = attrs;
-    config.numAttrs = 2;
-    // A cluster's blocks are resident together on one GPC: where fewer clusters than the grid
-    // holds fit at once (the GPCs' SMs do not divide into clusters as the SMs into blocks), a
-    // second wave would cost more than the reduction saves. Cached per device and cluster size.
-    constexpr int kMaxDevices = 64;
-    static std::atomic<int> resident[kMaxDevices][kMaxClusterSplits + 1];  // 0: not asked yet
-    int device = 0;
-    if (cudaGetDevice(&device) == gpuSuccess && device < kMaxDevices) {
-      std::atomic<int>& cached = resident[device][splits];
-      int clusters = cached.load(std::memory_order_relaxed);
-      if (clusters == 0) {
-        if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != gpuSuccess) {
-          (void)gpuGetLastError();
-          clusters = 0;
-        }
-        clusters = clusters > 0 ? clusters : -1;  // -1: clusters do not run here
-        cached.store(clusters, std::memory_order_relaxed);
-      }
-      if (static_cast<int64_t>(clusters) * splits >= int64_t{grid.x} * grid.y) {
-        if (cudaLaunchKernelEx(&config, kernel, p, group_div) == gpuSuccess) return gpuSuccess;
-        (void)gpuGetLastError();  // refused: the plain launch below
-      }
+    config.numAttrs = 1;
+    // Where the cluster scheduler puts a cluster's blocks: on one GPC, filling an SM's free
+    // slots before the next SM's, so that a grid of 2 blocks an SM could run 3 to an SM on two
+    // thirds of the SMs and leave the rest idle (an H200 probe: 128 decode blocks in clusters
+    // of 4, 24% slower than a plain launch, which spreads them). Each block asks for the
+    // shared memory of its share of an SM (ceil(blocks / SMs) blocks to an SM) instead, so the
+    // clusters spread as a plain launch does. Where that many clusters are not all resident
+    // at once, a second wave would cost more than the reduction saves: the plain launch.
+    const int64_t blocks = int64_t{grid.x} * grid.y;
+    const ClusterShape shape = cluster_shape<C>(kernel, natural, static_cast<int>(splits), blocks);
+    if (shape.clusters > 0 && static_cast<int64_t>(shape.clusters) * splits >= blocks) {
+      config.dynamicSmemBytes = static_cast<size_t>(shape.smem);
+      if (cudaLaunchKernelEx(&config, kernel, p, group_div) == gpuSuccess) return gpuSuccess;
+      (void)gpuGetLastError();  // refused: the plain launch below
     }
   }
   kernel<<<grid, C::kThreads, C::kSmemAlloc, stream>>>(p, group_div);
