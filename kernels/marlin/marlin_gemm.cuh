@@ -1171,6 +1171,24 @@ ClusterShape cluster_shape(Kernel kernel, int natural, int splits, int64_t block
   return shape;
 }
 
+/// @brief Clusters of `splits` blocks of this instantiation resident at once when
+/// launch_gemm_instance runs a split-K grid of `blocks` blocks in clusters (0: it would not:
+/// no room for the tile's sums, a cluster size outside 2..kMaxClusterSplits, or none run here).
+/// Only meaningful on sm_90 and newer (GemmProblem::arch).
+template <typename T, WeightType kWeight, bool kGrouped, int kMTiles, int kMWarps, int kNWarps,
+          int kKWarps, bool kWgmma>
+int resident_clusters(int splits, int64_t blocks) {
+  using C = Config<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps, kKWarps, kWgmma>;
+  if (!C::kClusterReduce || splits < 2 || splits > kMaxClusterSplits) return 0;
+  int natural = 1;
+  if (configure_instance<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps, kKWarps, kWgmma>(
+          &natural) != gpuSuccess) {
+    return 0;
+  }
+  auto kernel = gemm_kernel<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps, kKWarps, kWgmma>;
+  return cluster_shape<C>(kernel, natural, splits, blocks).clusters;
+}
+
 /// @brief Launches one instantiation on a grid of `workers` x (row blocks): the `workers` blocks of
 /// a row of blocks share its column tiles x k slices in equal contiguous ranges (gemm_kernel).
 /// workers = column tiles x splits is split-K; every tile whose k range several blocks share
