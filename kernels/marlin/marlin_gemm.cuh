@@ -1237,13 +1237,13 @@ gpuError_t launch_gemm_instance(const GemmProblem& p, int workers, gpuStream_t s
     attrs[0].val.clusterDim.z = 1;
     config.attrs = attrs;
     config.numAttrs = 1;
-    // Where the cluster scheduler puts a cluster's blocks: on one GPC, filling an SM's free
-    // slots before the next SM's, so that a grid of 2 blocks an SM could run 3 to an SM on two
-    // thirds of the SMs and leave the rest idle (an H200 probe: 128 decode blocks in clusters
-    // of 4, 24% slower than a plain launch, which spreads them). Each block asks for the
-    // shared memory of its share of an SM (ceil(blocks / SMs) blocks to an SM) instead, so the
-    // clusters spread as a plain launch does. Where that many clusters are not all resident
-    // at once, a second wave would cost more than the reduction saves: the plain launch.
+    // A cluster's blocks are placed together on one GPC. With each block asking for its own
+    // shared memory, cluster grids of 2 to 3 blocks an SM lost up to 24% to the plain launch on
+    // an H200 (kernels/marlin/NOTES.md), as if clusters took fewer SMs than a plain launch
+    // spreads the blocks over. Each block asks for the shared memory of its grid's share of an
+    // SM (ceil(blocks / SMs) blocks to an SM) instead, and the cluster launch is taken only
+    // where every cluster of the grid is then resident at once: a second wave, or blocks
+    // crowded onto fewer SMs, would cost more than the reduction saves (the plain launch).
     const int64_t blocks = int64_t{grid.x} * grid.y;
     const ClusterShape shape = cluster_shape<C>(kernel, natural, static_cast<int>(splits), blocks);
     if (shape.clusters > 0 && static_cast<int64_t>(shape.clusters) * splits >= blocks) {
