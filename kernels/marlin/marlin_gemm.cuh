@@ -89,26 +89,20 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-/// The thread block cluster (sm_90): blocks in it, this block's rank, the cluster-wide barrier
-/// (release / acquire: shared-memory writes before it are visible to every block after it), and
-/// a 16-byte read of another block's shared memory (addr: this block's address of the same
-/// variable). Without clusters (older archs) one block of rank 0.
-__device__ __forceinline__ uint32_t cluster_blocks() {
+/// The thread block cluster (sm_90): blocks in it and this block's rank (x, y), the
+/// cluster-wide barrier (release / acquire: shared-memory writes before it are visible to every
+/// block after it), and a 16-byte read of another block's shared memory (addr: this block's
+/// address of the same variable). Without clusters (older archs) one block of rank 0.
+__device__ __forceinline__ uint2 cluster_blocks_rank() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  uint32_t n;
-  asm volatile("mov.u32 %0, %%cluster_nctarank;\n" : "=r"(n));
-  return n;
+  uint2 v;
+  asm volatile(
+      "mov.u32 %0, %%cluster_nctarank;\n"
+      "mov.u32 %1, %%cluster_ctarank;\n"
+      : "=r"(v.x), "=r"(v.y));
+  return v;
 #else
-  return 1;
-#endif
-}
-__device__ __forceinline__ uint32_t cluster_rank() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-  return r;
-#else
-  return 0;
+  return make_uint2(1, 0);
 #endif
 }
 __device__ __forceinline__ void cluster_sync() {
@@ -981,7 +975,8 @@ __global__ void __launch_bounds__(
     // fp32 partials, the fence, the counter and the last block's serial read of every slot (an
     // H100 probe: 10 of 60 us at M = 16, 28672 x 8192, split 8) are gone.
     if constexpr (C::kClusterReduce) {
-      const uint32_t blocks = cluster_blocks();
+      const uint2 cluster = cluster_blocks_rank();
+      const uint32_t blocks = cluster.x;
       if (blocks > 1) {
         float* red = reinterpret_cast<float*>(smem);  // [kBlockM][kBlockN], tile-local
         __syncthreads();  // every warp is done with the pipeline's buffers
@@ -992,7 +987,7 @@ __global__ void __launch_bounds__(
         cluster_sync();
         const int rows = static_cast<int>(p.m - m0 < C::kBlockM ? p.m - m0 : C::kBlockM);
         const int quads = rows * (C::kBlockN / 4);  // 4 columns each
-        const uint32_t rank = cluster_rank();
+        const uint32_t rank = cluster.y;
         for (int q = static_cast<int>(rank) * C::kThreads + tid; q < quads;
              q += static_cast<int>(blocks) * C::kThreads) {
           const int r = q / (C::kBlockN / 4), c = q % (C::kBlockN / 4) * 4;
