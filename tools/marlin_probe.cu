@@ -50,13 +50,13 @@ gpuError_t launch(int shape, const GemmProblem& p, int workers) {
 }
 
 template <int MT, int MW, bool W>
-detail::ClusterShape clusters_of(int splits, int64_t blocks) {
+detail::ClusterShape clusters_of(int sms, int splits, int64_t blocks) {
   using C = detail::Config<__half, WeightType::kUint4b8, true, MT, MW, 4, 1, W>;
   int natural = 0;
   detail::configure_instance<__half, WeightType::kUint4b8, true, MT, MW, 4, 1, W>(&natural);
   return detail::cluster_shape<C>(
-      detail::gemm_kernel<__half, WeightType::kUint4b8, true, MT, MW, 4, 1, W>, natural, splits,
-      blocks);
+      detail::gemm_kernel<__half, WeightType::kUint4b8, true, MT, MW, 4, 1, W>, natural, sms,
+      splits, blocks);
 }
 
 int main() {
@@ -143,9 +143,9 @@ int main() {
     const int bm = c.shape == 0 ? 16 : c.shape == 1 ? 64 : 128;
     const dim3 grid(workers, (c.m + bm - 1) / bm);
     const int64_t nb = int64_t{grid.x} * grid.y;
-    const detail::ClusterShape cs = c.shape == 0   ? clusters_of<1, 1, false>(c.splits, nb)
-                                    : c.shape == 1 ? clusters_of<2, 2, true>(c.splits, nb)
-                                                   : clusters_of<4, 2, true>(c.splits, nb);
+    const detail::ClusterShape cs = c.shape == 0   ? clusters_of<1, 1, false>(sms, c.splits, nb)
+                                    : c.shape == 1 ? clusters_of<2, 2, true>(sms, c.splits, nb)
+                                                   : clusters_of<4, 2, true>(sms, c.splits, nb);
     const int mc = cs.clusters;
     const double bytes = c.k * c.n / 2.0 + c.k / 128.0 * c.n * 2;
     const char* names[] = {"m16n256", "m64n256w", "m128n256w"};

@@ -1094,6 +1094,26 @@ gpuError_t configure_instance(int* blocks_per_sm) {
   return gpuSuccess;
 }
 
+/// The launch of `grid` blocks of `threads` threads in clusters of `splits` along x, each block
+/// asking for `smem` bytes of dynamic shared memory; `cluster` holds the cluster dimension
+/// attribute the configuration points to (it must outlive the configuration).
+inline cudaLaunchConfig_t cluster_launch(dim3 grid, int threads, int smem, int splits,
+                                         gpuStream_t stream, cudaLaunchAttribute& cluster) {
+  cluster = cudaLaunchAttribute{};
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = static_cast<unsigned>(splits);
+  cluster.val.clusterDim.y = 1;
+  cluster.val.clusterDim.z = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = dim3(static_cast<unsigned>(threads));
+  config.dynamicSmemBytes = static_cast<size_t>(smem);
+  config.stream = stream;
+  config.attrs = &cluster;
+  config.numAttrs = 1;
+  return config;
+}
+
 /// A cluster launch of one instantiation (launch_gemm_instance): the dynamic shared memory each
 /// block asks for, so that no more blocks than the grid's share share an SM, and how many
 /// clusters are then resident at once (0: none run here).
@@ -1103,16 +1123,15 @@ struct ClusterShape {
 };
 
 /// The ClusterShape of instantiation C (`natural` blocks to an SM) for `blocks` blocks in
-/// clusters of `splits` on the current device; worked out once per (device, splits, blocks to
-/// an SM) and cached.
+/// clusters of `splits` on the current device of `sms` SMs (GemmProblem::sm_count); worked out
+/// once per (device, splits, blocks to an SM) and cached.
 template <typename C, typename Kernel>
-ClusterShape cluster_shape(Kernel kernel, int natural, int splits, int64_t blocks) {
+ClusterShape cluster_shape(Kernel kernel, int natural, int sms, int splits, int64_t blocks) {
   constexpr int kMaxDevices = 64, kMaxPerSm = 4;
   // (smem << 32) | (clusters + 1); 0: not worked out yet.
   static std::atomic<int64_t> cache[kMaxDevices][kMaxClusterSplits + 1][kMaxPerSm + 1];
-  int device = 0, sms = 0;
-  if (cudaGetDevice(&device) != gpuSuccess || device >= kMaxDevices ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != gpuSuccess) {
+  int device = 0;
+  if (sms < 1 || cudaGetDevice(&device) != gpuSuccess || device >= kMaxDevices) {
     (void)gpuGetLastError();
     return {C::kSmemAlloc, 0};
   }
@@ -1145,17 +1164,9 @@ ClusterShape cluster_shape(Kernel kernel, int natural, int splits, int64_t block
       shape.smem = want;
     }
   }
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(static_cast<unsigned>(splits));
-  config.blockDim = dim3(C::kThreads);
-  config.dynamicSmemBytes = static_cast<size_t>(shape.smem);
-  cudaLaunchAttribute attrs[1]{};
-  attrs[0].id = cudaLaunchAttributeClusterDimension;
-  attrs[0].val.clusterDim.x = static_cast<unsigned>(splits);
-  attrs[0].val.clusterDim.y = 1;
-  attrs[0].val.clusterDim.z = 1;
-  config.attrs = attrs;
-  config.numAttrs = 1;
+  cudaLaunchAttribute cluster;
+  const cudaLaunchConfig_t config = cluster_launch(dim3(static_cast<unsigned>(splits)), C::kThreads,
+                                                   shape.smem, splits, nullptr, cluster);
   if (cudaOccupancyMaxActiveClusters(&shape.clusters, kernel, &config) != gpuSuccess ||
       shape.clusters < 0) {
     shape.clusters = 0;
@@ -1167,12 +1178,12 @@ ClusterShape cluster_shape(Kernel kernel, int natural, int splits, int64_t block
 }
 
 /// @brief Clusters of `splits` blocks of this instantiation resident at once when
-/// launch_gemm_instance runs a split-K grid of `blocks` blocks in clusters (0: it would not:
-/// no room for the tile's sums, a cluster size outside 2..kMaxClusterSplits, or none run here).
-/// Only meaningful on sm_90 and newer (GemmProblem::arch).
+/// launch_gemm_instance runs a split-K grid of `blocks` blocks in clusters on the current device
+/// of `sms` SMs (0: it would not: no room for the tile's sums, a cluster size outside
+/// 2..kMaxClusterSplits, or none run here). Only meaningful on sm_90 and newer.
 template <typename T, WeightType kWeight, bool kGrouped, int kMTiles, int kMWarps, int kNWarps,
           int kKWarps, bool kWgmma>
-int resident_clusters(int splits, int64_t blocks) {
+int resident_clusters(int sms, int splits, int64_t blocks) {
   using C = Config<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps, kKWarps, kWgmma>;
   if (!C::kClusterReduce || splits < 2 || splits > kMaxClusterSplits) return 0;
   int natural = 1;
@@ -1181,7 +1192,7 @@ int resident_clusters(int splits, int64_t blocks) {
     return 0;
   }
   auto kernel = gemm_kernel<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps, kKWarps, kWgmma>;
-  return cluster_shape<C>(kernel, natural, splits, blocks).clusters;
+  return cluster_shape<C>(kernel, natural, sms, splits, blocks).clusters;
 }
 
 /// @brief Launches one instantiation on a grid of `workers` x (row blocks): the `workers` blocks of
@@ -1220,18 +1231,6 @@ gpuError_t launch_gemm_instance(const GemmProblem& p, int workers, gpuStream_t s
   const int64_t col_blocks = (p.n + C::kBlockN - 1) / C::kBlockN;
   const int64_t splits = workers % col_blocks == 0 ? workers / col_blocks : 1;
   if (C::kClusterReduce && p.arch >= 90 && splits >= 2 && splits <= kMaxClusterSplits) {
-    cudaLaunchConfig_t config{};
-    config.gridDim = grid;
-    config.blockDim = dim3(C::kThreads);
-    config.dynamicSmemBytes = C::kSmemAlloc;
-    config.stream = stream;
-    cudaLaunchAttribute attrs[1]{};
-    attrs[0].id = cudaLaunchAttributeClusterDimension;
-    attrs[0].val.clusterDim.x = static_cast<unsigned>(splits);
-    attrs[0].val.clusterDim.y = 1;
-    attrs[0].val.clusterDim.z = 1;
-    config.attrs = attrs;
-    config.numAttrs = 1;
     // A cluster's blocks are placed together on one GPC. With each block asking for its own
     // shared memory, cluster grids of 2 to 3 blocks an SM lost up to 24% to the plain launch on
     // an H200 (kernels/marlin/NOTES.md), as if clusters took fewer SMs than a plain launch
@@ -1240,9 +1239,12 @@ gpuError_t launch_gemm_instance(const GemmProblem& p, int workers, gpuStream_t s
     // where every cluster of the grid is then resident at once: a second wave, or blocks
     // crowded onto fewer SMs, would cost more than the reduction saves (the plain launch).
     const int64_t blocks = int64_t{grid.x} * grid.y;
-    const ClusterShape shape = cluster_shape<C>(kernel, natural, static_cast<int>(splits), blocks);
+    const ClusterShape shape =
+        cluster_shape<C>(kernel, natural, p.sm_count, static_cast<int>(splits), blocks);
     if (shape.clusters > 0 && static_cast<int64_t>(shape.clusters) * splits >= blocks) {
-      config.dynamicSmemBytes = static_cast<size_t>(shape.smem);
+      cudaLaunchAttribute cluster;
+      const cudaLaunchConfig_t config =
+          cluster_launch(grid, C::kThreads, shape.smem, static_cast<int>(splits), stream, cluster);
       if (cudaLaunchKernelEx(&config, kernel, p, group_div) == gpuSuccess) return gpuSuccess;
       (void)gpuGetLastError();  // refused: the plain launch below
     }
