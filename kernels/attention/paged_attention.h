@@ -47,6 +47,7 @@ struct PagedAttentionProblem {
   int64_t block_size;
   int64_t max_seq_len;         ///< >= every seq_lens[s]; sizes the v2 partitions
   int64_t block_table_stride;  ///< elements between rows of block_tables
+  int64_t block_table_width;   ///< columns of block_tables (read ahead up to it)
   int64_t q_seq_stride;        ///< elements between sequences of query (heads: head_size)
   int64_t q_head_stride;
   int64_t kv_block_stride;  ///< elements between blocks of key_cache and of value_cache

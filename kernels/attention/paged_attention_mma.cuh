@@ -147,6 +147,24 @@ __global__ void __launch_bounds__(kThreads)
   const int c2 = 2 * (lane % 4);
 
   for (int64_t s = blockIdx.z; s < p.num_seqs; s += gridDim.z) {
+    // Block numbers, read ahead: lane j holds those of this warp's step 32c + j (chunk c) in
+    // tbl, and those of chunk c + 1 in tbl_next, so that a copy waits on a shuffle instead of a
+    // dependent global load. Chunks 0 and 1 are read beside seq_len, not after it (one global
+    // load less before the first copy): the reads are bounded by the table's width, not by the
+    // sequence, and the producer never uses an entry past the sequence's end.
+    const int32_t* __restrict__ table = p.block_tables + s * p.block_table_stride;
+    const int first = static_cast<int>(blockIdx.y * l.partition_size);  // the partition's start
+    constexpr int kBPS = M::kU / kBS;                                   // cache blocks a step
+    int32_t tbl[kBPS], tbl_next[kBPS];
+    auto load_table = [&](int32_t (&dst)[kBPS], int chunk) {
+      const int col = (first + (warp + kWarps * (chunk * kWarp + lane)) * M::kU) / kBS;
+#pragma unroll
+      for (int b = 0; b < kBPS; ++b) {
+        dst[b] = col + b < p.block_table_width ? table[col + b] : 0;
+      }
+    };
+    load_table(tbl, 0);
+    load_table(tbl_next, 1);
     const int seq_len = p.seq_lens[s];
     const PartitionRange range = partition_range(l, seq_len);
     if (range.skip) continue;
@@ -157,28 +175,18 @@ __global__ void __launch_bounds__(kThreads)
       continue;
     }
 
-    const int32_t* __restrict__ table = p.block_tables + s * p.block_table_stride;
     const int nsteps = cdiv(end - begin, M::kU);
     const int mine = warp < nsteps ? cdiv(nsteps - warp, kWarps) : 0;  // this warp's steps
-    // Block numbers, read ahead: lane j holds those of this warp's step 32c + j (chunk c), so
-    // that a copy waits on a shuffle instead of a dependent global load; a chunk is read when
-    // the producer reaches its first step.
-    constexpr int kBPS = M::kU / kBS;  // cache blocks a step
-    int32_t tbl[kBPS];
-    auto load_table = [&](int chunk) {
-      const int st = chunk * kWarp + lane;
-      const int t0 = begin + (warp + kWarps * st) * M::kU;
-#pragma unroll
-      for (int b = 0; b < kBPS; ++b) {
-        tbl[b] = st < mine && t0 + b * kBS < end ? table[t0 / kBS + b] : 0;
-      }
-    };
     // The producer: item 2i is the K of this warp's step i, item 2i + 1 its V.
     int pitem = 0, pslot = 0;
     auto issue = [&]() {
       if (pitem < 2 * mine) {
         const int st = pitem >> 1;
-        if ((pitem & 1) == 0 && st % kWarp == 0) load_table(st / kWarp);
+        if ((pitem & 1) == 0 && st % kWarp == 0 && st > 0) {  // the next chunk; read one ahead
+#pragma unroll
+          for (int b = 0; b < kBPS; ++b) tbl[b] = tbl_next[b];
+          load_table(tbl_next, st / kWarp + 1);
+        }
         const int t0 = begin + (warp + kWarps * st) * M::kU;
         const int nblk = cdiv(cmin(M::kU, end - t0), kBS);  // blocks holding tokens < end
         const T* src0 = ((pitem & 1) ? vc : kc) + kvh * p.kv_head_stride;

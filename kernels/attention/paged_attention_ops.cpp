@@ -214,6 +214,7 @@ attention::PagedAttentionProblem make_problem(
                                           block_size,
                                           max_seq_len,
                                           block_tables.stride(0),
+                                          block_tables.size(1),
                                           query.stride(0),
                                           query.stride(1),
                                           key_cache.stride(0),
