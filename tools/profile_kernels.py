@@ -2,13 +2,15 @@
 cudaProfilerStop, for Nsight Compute to read (caches flushed before each kernel, as in the
 benchmarks). The kernels of a case come out in the order: ours, then the peer's. Cases: those of
 benchmarks/cases (peer: torch.compile), and with --marlin the W4A16 GEMM at M = 1, 16, 64 and
-128, 8192 x 28672 (peer: fp16 F.linear), with --flash the flash-attention forward at S 4096,
+128, 8192 x 28672 (peer: fp16 F.linear), with --paged CTX... paged_attention_v1 at batch 32 and each
+context of bench_paged_attention's problem (peer: SDPA with enable_gqa on the contiguous KV),
+with --flash the flash-attention forward at S 4096,
 batch 4, 32 heads, d 128, bf16, non-causal (peer: SDPA's flash backend), then the same work on a
 shuffled paged K/V cache of 16-row blocks (peer: our dense forward).
 
     ncu --profile-from-start off --clock-control none --section ... \\
         python tools/profile_kernels.py [--family NAME ...] [--tokens 1 16 ...] [--op NAME ...]
-                                        [--marlin] [--flash] [--no-cases]
+                                        [--marlin] [--paged CTX ...] [--flash] [--no-cases]
 """
 
 from __future__ import annotations
@@ -60,6 +62,16 @@ def marlin_cases() -> None:
         )
 
 
+def paged_cases(contexts: list[int]) -> None:
+    import bench_paged_attention as bench
+
+    gen = torch.Generator().manual_seed(0)
+    for ctx in contexts:
+        pb = bench.Problem(32, ctx, gen)
+        profiled(f"paged_attention_v1 batch 32 ctx {ctx}", pb.v1, pb.sdpa_gqa)
+        del pb
+
+
 def flash_cases() -> None:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -102,6 +114,7 @@ def main() -> None:
     parser.add_argument("--tokens", nargs="*", type=int)
     parser.add_argument("--op", nargs="*")
     parser.add_argument("--marlin", action="store_true")
+    parser.add_argument("--paged", nargs="*", type=int, metavar="CTX")
     parser.add_argument("--flash", action="store_true")
     parser.add_argument("--no-cases", action="store_true", help="skip benchmarks/cases")
     args = parser.parse_args()
@@ -109,6 +122,8 @@ def main() -> None:
         aphrodite_ext.load(module)
     if args.marlin:
         marlin_cases()
+    if args.paged:
+        paged_cases(args.paged)
     if args.flash:
         aphrodite_ext.load("_fa2_C")
         flash_cases()

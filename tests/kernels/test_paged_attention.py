@@ -4,6 +4,7 @@ The paged caches are written here by a plain-torch per-token writer (not by the 
 ops), into caches poisoned with NaN, with shuffled block tables whose unused entries point far
 outside the cache: a kernel that reads a slot or a block it should not will fail."""
 
+import functools
 import math
 
 import pytest
@@ -13,11 +14,11 @@ import torch.nn.functional as F
 import aphrodite_ext
 from aphrodite_ext.ops.paged_attention import (
     PARTITION_SIZE,
-    paged_attention,
     paged_attention_ref,
     v2_scratch,
-    xl_paged_attention,
 )
+from aphrodite_ext.ops.paged_attention import paged_attention as _paged_attention
+from aphrodite_ext.ops.paged_attention import xl_paged_attention as _xl_paged_attention
 
 TOL = {torch.float32: (1e-4, 1e-4), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}
 HEAD_SIZES = [64, 80, 96, 112, 128, 192, 256]
@@ -29,6 +30,27 @@ GROUPS = [(4, 4), (8, 2), (16, 2), (6, 1), (34, 2)]
 # more than one v2 partition.
 SEQ_LENS = [1, 0, 7, 83, 517, 1100]
 UNUSED_BLOCK = 2**30  # the unused tail of each block table: never a valid block
+
+
+def _skip_left_out(fn):
+    """fn, skipping the test where a build narrowed by generator options left out the head
+    size, block size, dtype or cache the call needs (a default build never says so: there it
+    fails)."""
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except RuntimeError as e:
+            if "(narrowed by APHRODITE_GENERATOR_OPTIONS" not in str(e):
+                raise
+            pytest.skip(str(e).splitlines()[0])
+
+    return call
+
+
+paged_attention = _skip_left_out(_paged_attention)
+xl_paged_attention = _skip_left_out(_xl_paged_attention)
 
 
 @pytest.fixture(autouse=True)
