@@ -35,8 +35,11 @@ namespace aphrodite::attention::detail {
 /// (bf16, head 128, block 16, GQA 32/8, batch 32) 24 KiB against 16 KiB a warp, and a cap of
 /// 168 registers (3 blocks an SM) against none (184 registers, 2 blocks), were within 3% of
 /// each other; batch 1 at 65536 tokens (v2) took 0.134 ms in three of the four builds, 0.187 ms
-/// in the fourth (16 KiB, no cap).
-inline constexpr int kMmaWarpRingBytes = 24576;
+/// in the fourth (16 KiB, no cap). After the table read-ahead (11da622), same H100 run, v1 at
+/// ctx 1024 / 4096 / 16384 against SDPA: 24 KiB (6 slots of a 16-token step) 0.896 / 0.931 /
+/// 0.966, 20 KiB (5) 0.900 / 0.944 / 0.968, 16 KiB (4) 0.902 / 0.946 / 0.964; 32-token steps
+/// (3 slots of 24 KiB) 0.884 / 0.938 / 0.963.
+inline constexpr int kMmaWarpRingBytes = 20480;
 inline constexpr int kMmaMaxSlots = 6;
 /// Query heads per thread block: the mma's M.
 inline constexpr int kMmaRows = 16;
