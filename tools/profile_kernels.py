@@ -2,11 +2,11 @@
 cudaProfilerStop, for Nsight Compute to read (caches flushed before each kernel, as in the
 benchmarks). The kernels of a case come out in the order: ours, then the peer's. Cases: those of
 benchmarks/cases (peer: torch.compile), and with --marlin the W4A16 GEMM at M = 1, 16, 64 and
-128, 8192 x 28672 (peer: fp16 F.linear), with --paged CTX... paged_attention_v1 at batch 32 and each
-context of bench_paged_attention's problem (peer: SDPA with enable_gqa on the contiguous KV),
-with --flash the flash-attention forward at S 4096,
-batch 4, 32 heads, d 128, bf16, non-causal (peer: SDPA's flash backend), then the same work on a
-shuffled paged K/V cache of 16-row blocks (peer: our dense forward).
+128, 8192 x 28672 (peer: fp16 F.linear), with --paged CTX ... paged_attention_v1 on
+bench_paged_attention's problem at batch 32 and each context (peer: SDPA with enable_gqa on the
+contiguous KV), with --flash the flash-attention forward at S 4096, batch 4, 32 heads, d 128,
+bf16, non-causal (peer: SDPA's flash backend), then the same work on a shuffled paged K/V cache
+of 16-row blocks (peer: our dense forward).
 
     ncu --profile-from-start off --clock-control none --section ... \\
         python tools/profile_kernels.py [--family NAME ...] [--tokens 1 16 ...] [--op NAME ...]

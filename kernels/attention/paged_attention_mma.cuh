@@ -160,7 +160,7 @@ __global__ void __launch_bounds__(kThreads)
     constexpr int kBPS = M::kU / kBS;                                   // cache blocks a step
     int32_t tbl[kBPS], tbl_next[kBPS];
     auto load_table = [&](int32_t (&dst)[kBPS], int chunk) {
-      const int col = (first + (warp + kWarps * (chunk * kWarp + lane)) * M::kU) / kBS;
+      const int64_t col = (first + (warp + kWarps * (int64_t{chunk} * kWarp + lane)) * M::kU) / kBS;
 #pragma unroll
       for (int b = 0; b < kBPS; ++b) {
         dst[b] = col + b < p.block_table_width ? table[col + b] : 0;
