@@ -575,20 +575,18 @@ gpuError_t launch_static_vec(const QuantProblem& p, gpuStream_t stream) {
     // times the blocks. Half vectors (twice the threads again) ran 64 tokens x 8192 bf16 at
     // 0.96-0.99x of torch.compile on an H100, whole ones at 1.05x in the same run (16 tokens:
     // 1.00x both).
-    constexpr int kDecodeVec = kVec;
     constexpr int kDecodeBlock = 128;
-    if (!make_tiles<T, kDecodeVec, kDecodeBlock, 1>(p, a)) return gpuErrorInvalidValue;
-    if (a.num_tiles == a.tiles_per_row && a.vecs_per_row * kDecodeVec + a.tail <= INT32_MAX) {
+    if (!make_tiles<T, kVec, kDecodeBlock, 1>(p, a)) return gpuErrorInvalidValue;
+    if (a.num_tiles == a.tiles_per_row && a.vecs_per_row * kVec + a.tail <= INT32_MAX) {
       if (a.tail > 0) {
-        static_quant_row_kernel<T, kDecodeVec, kDecodeBlock, true>
+        static_quant_row_kernel<T, kVec, kDecodeBlock, true>
             <<<a.num_tiles, kDecodeBlock, 0, stream>>>(a);
       } else {
-        static_quant_row_kernel<T, kDecodeVec, kDecodeBlock, false>
+        static_quant_row_kernel<T, kVec, kDecodeBlock, false>
             <<<a.num_tiles, kDecodeBlock, 0, stream>>>(a);
       }
     } else {
-      static_quant_kernel<T, kDecodeVec, 1, kDecodeBlock>
-          <<<a.num_tiles, kDecodeBlock, 0, stream>>>(a);
+      static_quant_kernel<T, kVec, 1, kDecodeBlock><<<a.num_tiles, kDecodeBlock, 0, stream>>>(a);
     }
   } else {
     static_quant_kernel<T, kVec, kUnroll><<<a.num_tiles, kThreads, 0, stream>>>(a);
