@@ -14,8 +14,9 @@
 //    per lane (one step ahead, in a register double buffer), dequantizes it in registers
 //    ((code | magic) - (magic + zero)) * scale (fp16 takes every other code from bits 4..7 with
 //    an HFMA2 by 1/16 instead of a shift), and issues MT x 8 mma.sync.m16n8k16 with fp32
-//    accumulators (a 16-row block with at most 8 rows inside M: 4 of them on the transposed
-//    product, weights as the A operand; see `narrow`);
+//    accumulators. The 16-row decode block computes the transposed product instead (weights as
+//    the A operand: 8 MMAs, 4 where at most 8 rows lie inside M; see `narrow`) and scales its
+//    fp32 sums once a stage rather than every weight (kAccScale);
 //  - work partition: the blocks of a row of blocks (blockIdx.y) share its (column tile, k slice)
 //    units in equal contiguous ranges, tile-major: one block per tile, split-K (a tile's k slices
 //    over `splits` blocks) or stream-K (as many blocks as are resident at once, each walking its
@@ -69,6 +70,7 @@ struct Traits<__half> {
   __device__ static T2 lows(T2 x) { return __low2half2(x); }
   __device__ static T2 highs(T2 x) { return __high2half2(x); }
   __device__ static float to_float(__half x) { return __half2float(x); }
+  __device__ static float2 to_float2(T2 x) { return __half22float2(x); }
   __device__ static T2 float2_to(float lo, float hi) { return __floats2half2_rn(lo, hi); }
 };
 
@@ -82,6 +84,7 @@ struct Traits<__nv_bfloat16> {
   __device__ static T2 lows(T2 x) { return __low2bfloat162(x); }
   __device__ static T2 highs(T2 x) { return __high2bfloat162(x); }
   __device__ static float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+  __device__ static float2 to_float2(T2 x) { return __bfloat1622float2(x); }
   __device__ static T2 float2_to(float lo, float hi) { return __floats2bfloat162_rn(lo, hi); }
 };
 
@@ -605,12 +608,20 @@ __global__ void __launch_bounds__(
       }
     }
 
+    // The 16-row decode block (kTransposed) computes the transposed product, out^T = W^T a^T, at
+    // any row count (see compute_stage), so that a lane's accumulators belong to the columns
+    // whose scales it holds (spair): it multiplies the fp32 sums by the scales once a stage
+    // (kAccScale) instead of every dequantized weight by its scale in T (64 HMUL2 a stage).
+    constexpr bool kTransposed = C::kBlockM == 16 && kKWarps == 1;
+    constexpr bool kAccScale = kTransposed;
+
     // Word word0 + w of a lane's weight vector (sub-tiles 2w and 2w + 1 of its words) as
     // the four registers b[j] (nibble pairs (j, j + 4) for j = 0..3: b01 of sub-tile 2w, b01 of
-    // 2w+1, b23 of 2w, b23 of 2w+1; marlin.h), dequantized and scaled. bf16: each pair shifted to
-    // bits 0..3 and 16..19, ORed into the magic's mantissa, minus magic + zero. fp16: only pairs
-    // 2 and 3 are shifted (by 8); pairs 1 and 3 are taken in bits 4..7 and 20..23 and scaled
-    // down by the HFMA2 that removes the bias (Traits kHighNibbleFma).
+    // 2w+1, b23 of 2w, b23 of 2w+1; marlin.h), dequantized (code - zero, exact in T) and, but
+    // for kAccScale, scaled. bf16: each pair shifted to bits 0..3 and 16..19, ORed into the
+    // magic's mantissa, minus magic + zero. fp16: only pairs 2 and 3 are shifted (by 8); pairs
+    // 1 and 3 are taken in bits 4..7 and 20..23 and scaled down by the HFMA2 that removes the
+    // bias (Traits kHighNibbleFma).
     auto dequant_word = [&](int w, uint32_t word, uint32_t (&b)[4]) {
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
@@ -629,8 +640,12 @@ __global__ void __launch_bounds__(
           v = __hsub2(as_t2<T2>(lop3_and_or(word >> (4 * j), 0x000f000fu, Tr::kMagic)),
                       as_t2<T2>(zsub[tile]));
         }
-        const T2 s = (j & 1) ? Tr::highs(spair[w]) : Tr::lows(spair[w]);
-        b[j] = as_u32(__hmul2(v, s));
+        if constexpr (kAccScale) {
+          b[j] = as_u32(v);
+        } else {
+          const T2 s = (j & 1) ? Tr::highs(spair[w]) : Tr::lows(spair[w]);
+          b[j] = as_u32(__hmul2(v, s));
+        }
       }
     };
 
@@ -645,16 +660,16 @@ __global__ void __launch_bounds__(
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
 
-    // Narrow row blocks (at most 8 rows inside M: decode at M <= 8) compute the transposed
-    // product, out^T = W^T a^T: the dequantized weights of sub-tiles 2w and 2w + 1 are, in the
-    // order they are computed (b[0..3]), the A fragment of the 16 x 16 tile W^T (rows = those 16
-    // columns, a0 / a1 = k 2t.. of columns g / g + 8, a2 / a3 = k 2t + 8..), and rows 0..7 of the
-    // activations (k 2t.. and 2t + 8.., one ldmatrix.x2) are the B fragment of a^T. One
-    // m16n8k16 then covers 16 columns x the 8 rows, half the MMAs of the 16-row tile; acc[0][w]
-    // holds column 16w + g (+ 8 for elements 2, 3) x rows 2t, 2t + 1 until the shuffles after
-    // the main loop put it back. Rows 8..15 of the activations are neither read nor stored.
-    constexpr bool kCanNarrow = C::kBlockM == 16 && kKWarps == 1;
-    const bool narrow = kCanNarrow && p.m - m0 <= 8;
+    // The decode block's transposed product, out^T = W^T a^T: the dequantized weights of
+    // sub-tiles 2w and 2w + 1 are, in the order they are computed (b[0..3]), the A fragment of
+    // the 16 x 16 tile W^T (rows = those 16 columns, a0 / a1 = k 2t.. of columns g / g + 8,
+    // a2 / a3 = k 2t + 8..), and rows 8h..8h + 7 of the activations (k 2t.. and 2t + 8..) are
+    // the B fragment of a^T. One m16n8k16 covers 16 columns x 8 rows: acc[0][4h + w] holds
+    // column 16w + g (+ 8 for elements 2, 3) x rows 8h + 2t, 8h + 2t + 1 until the shuffles
+    // after the main loop put it back. Narrow row blocks (at most 8 rows inside M: decode at
+    // M <= 8) compute only h = 0, half the MMAs of the 16-row tile (rows 8..15 of the
+    // activations are neither read nor stored).
+    const bool narrow = kTransposed && p.m - m0 <= 8;
 
     // The slice's k steps fall in at most two groups (group_size >= 32, a multiple of 16): row
     // 0 of the slice's scales up to k step `boundary` (>= 1), row 1 from there on (when
@@ -693,12 +708,17 @@ __global__ void __launch_bounds__(
       // Register double buffer of the A fragments and the packed weight vector per k step.
       uint32_t af[2][kMTiles][4];
       int4 bq[2];
-      // Narrow: only rows 0..7 (matrices 0 and 2 of the x4), as two consecutive registers, the
-      // pair the transposed MMA takes as its B operand (lanes 0..15 give the row addresses).
+      // The transposed product's B operands are consecutive register pairs: rows 8h..8h + 7 at k
+      // 2t.. and 2t + 8.. (matrices 2h and 2h + 1 of the x4; narrow: only rows 0..7, an x2,
+      // whose lanes 0..15 give the row addresses).
       auto fetch = [&](int kk, uint32_t (&a_frag)[kMTiles][4], int4& b_vec) {
         if constexpr (kNarrow) {
           const int row = lane % 8, chunk = kk * 2 + (lane / 8) % 2;
           ldmatrix_x2(a_frag[0][0], a_frag[0][1], sa + row * kBlockK + ((chunk ^ row) * 8));
+        } else if constexpr (kTransposed) {
+          const int mat = lane / 8;
+          const int row = (lane % 8) + 8 * (mat >> 1), chunk = kk * 2 + (mat & 1);
+          ldmatrix_x4(a_frag[0], sa + row * kBlockK + ((chunk ^ (row & 7)) * 8));
         } else {
 #pragma unroll
           for (int mi = 0; mi < kMTiles; ++mi) {
@@ -710,6 +730,24 @@ __global__ void __launch_bounds__(
         }
         b_vec = sb[(kk * kNWarps + warp_n) * 32 + lane];
       };
+      // kAccScale, grouped: the stage's unscaled sums of each group, added to acc times the
+      // group's scales (fold) where the group ends in the stage and at its end.
+      constexpr int kHalves = kNarrow ? 1 : 2;  // row halves of the transposed product
+      float gacc[kAccScale && kGrouped ? 8 : 1][4] = {};
+      auto fold = [&]() {
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+          const float2 s = Tr::to_float2(spair[w]);
+#pragma unroll
+          for (int h = 0; h < kHalves; ++h)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              acc[0][4 * h + w][e] =
+                  fmaf(e < 2 ? s.x : s.y, gacc[4 * h + w][e], acc[0][4 * h + w][e]);
+              gacc[4 * h + w][e] = 0.f;
+            }
+        }
+      };
       // This warp's k steps of the stage: kk0, kk0 + 1, ... (all of them with one k group).
       const int kk0 = warp_k * C::kWarpKSteps;
       fetch(kk0, af[0], bq[0]);
@@ -720,6 +758,7 @@ __global__ void __launch_bounds__(
           if (i == 0) {
             load_group(base, kk >= boundary ? 1 : 0);
           } else if (kk == boundary) {  // uniform over the block
+            if constexpr (kAccScale) fold();
             load_group(base, 1);
           }
         }
@@ -734,8 +773,12 @@ __global__ void __launch_bounds__(
         for (int w = 0; w < 4; ++w) {
           uint32_t b[4];
           dequant_word(w, words[w], b);
-          if constexpr (kNarrow) {
-            mma_16816<T>(acc[0][w], b, af[i % 2][0][0], af[i % 2][0][1]);
+          if constexpr (kTransposed) {
+#pragma unroll
+            for (int h = 0; h < kHalves; ++h) {
+              float (&d)[4] = kAccScale && kGrouped ? gacc[4 * h + w] : acc[0][4 * h + w];
+              mma_16816<T>(d, b, af[i % 2][0][2 * h], af[i % 2][0][2 * h + 1]);
+            }
           } else {
 #pragma unroll
             for (int mi = 0; mi < kMTiles; ++mi) {
@@ -745,6 +788,7 @@ __global__ void __launch_bounds__(
           }
         }
       }
+      if constexpr (kAccScale && kGrouped) fold();
     };
 
     // A wgmma block's stage, in two batches of two k steps: each warp dequantizes words
@@ -831,28 +875,43 @@ __global__ void __launch_bounds__(
         if (compute_off == C::kStages * C::kStageBytes) compute_off = 0;
       }
     };
-    if (kCanNarrow && narrow) {
-      main_loop(std::true_type{});
-      // Back to the 16-row layout the epilogue uses (rows g + 8 are past M): row g, column
-      // 8j + 2t + e sits in lane 4 (2t + e) + g / 2, element 2 (j & 1) + (g & 1) of acc[0][j / 2].
-      float tr[4][4];
+    if constexpr (kTransposed) {
+      if (narrow) {
+        main_loop(std::true_type{});
+      } else {
+        main_loop(std::false_type{});
+      }
+      if constexpr (!kGrouped) {  // one scale per column: applied to the sums once
 #pragma unroll
-      for (int w = 0; w < 4; ++w)
+        for (int w = 0; w < 4; ++w) {
+          const float2 s = Tr::to_float2(spair[w]);
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[0][4 * h + w][e] *= e < 2 ? s.x : s.y;
+        }
+      }
+      // Back to the 16-row layout the epilogue uses (a narrow block's rows 8..15 stay zero):
+      // row 8h + g, column 8j + 2t + e sits in lane 4 (2t + e) + g / 2, element 2 (j & 1) +
+      // (g & 1) of acc[0][4h + j / 2].
+      float tr[8][4];
+#pragma unroll
+      for (int w = 0; w < 8; ++w)
 #pragma unroll
         for (int e = 0; e < 4; ++e) tr[w][e] = acc[0][w][e];
 #pragma unroll
-      for (int w = 0; w < 4; ++w)
+      for (int h = 0; h < 2; ++h)
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int src = 4 * (2 * t + e) + g / 2;
-          float x[4];
+        for (int w = 0; w < 4; ++w)
 #pragma unroll
-          for (int q = 0; q < 4; ++q) x[q] = __shfl_sync(0xffffffffu, tr[w][q], src);
-          acc[0][2 * w][e] = (g & 1) ? x[1] : x[0];
-          acc[0][2 * w + 1][e] = (g & 1) ? x[3] : x[2];
-          acc[0][2 * w][2 + e] = 0.f;
-          acc[0][2 * w + 1][2 + e] = 0.f;
-        }
+          for (int e = 0; e < 2; ++e) {
+            const int src = 4 * (2 * t + e) + g / 2;
+            float x[4];
+#pragma unroll
+            for (int q = 0; q < 4; ++q) x[q] = __shfl_sync(0xffffffffu, tr[4 * h + w][q], src);
+            acc[0][2 * w][2 * h + e] = (g & 1) ? x[1] : x[0];
+            acc[0][2 * w + 1][2 * h + e] = (g & 1) ? x[3] : x[2];
+          }
     } else {
       main_loop(std::false_type{});
     }
