@@ -433,7 +433,8 @@ gpuError_t launch_reshape_typed(const ReshapeAndCacheProblem& p, gpuStream_t str
   // of 128 were no faster (H100, 2026-11-26, 16 tokens, two alternating rounds: 0.85 / 0.90 of
   // torch.compile against 0.88 / 0.92 with 64), of 256 slower (0.82). Same H100, later run,
   // 16 scattered tokens, us (ours 4.42-4.51 as is): blocks of 32 4.45-4.61, 16-byte value
-  // reads 4.94-5.06, values piece-fastest instead of token-fastest 4.51-4.59, both 5.06-5.09.
+  // reads 4.94-5.06, values piece-fastest instead of token-fastest 4.51-4.59, both 5.06-5.09;
+  // 2-byte value pieces 4.38 token-fastest, 4.38-4.54 piece-fastest (ours as is 4.42-4.75).
   constexpr int64_t kDecodeThreads = 64, kDecodeBlocks = 256;
   const int64_t tiles = (p.num_tokens + kTileTokens - 1) / kTileTokens;
   const bool small = tiles * p.num_kv_heads < kDecodeBlocks;
