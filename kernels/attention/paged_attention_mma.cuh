@@ -13,7 +13,8 @@
 //   runs its own pipeline: its lanes cp.async the step's K and V cache blocks (kHead * kBS
 //   contiguous elements each, copied as they are) into the warp's private ring of kSlots slots,
 //   kSlots - 1 slots ahead of its compute. Only __syncwarp orders the ring: no block barrier in
-//   the main loop.
+//   the main loop. The block's q rows go first, as a copy group of their own: read behind the
+//   ring's first copies, q would wait for every block's first round of them.
 // - Per step: S[16 heads, kU tokens] = Q K^T (ldmatrix of the key block layout [head / 8,
 //   block, 8] gives the B operand directly: 8 tokens x 8 dimensions are 128 contiguous bytes),
 //   an online softmax per warp in fp32 (base 2, scale folded in), P rounded to the input dtype
