@@ -404,17 +404,18 @@ __global__ void __launch_bounds__(kThreads)
     }
     const float w0 = m0 == -INFINITY ? 0.0f : exp2f(m0 - mx0);
     const float w1 = m1 == -INFINITY ? 0.0f : exp2f(m1 - mx1);
-    if (tid < kMmaRows) {  // each row's max and rescaled sum over the warps, once
-      float mx = -INFINITY, total = 0.0f;
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, m_s[w][tid]);
+    if (warp == 0 && lane % 4 == 0) {  // rows r0 and r0 + 8: their max and rescaled sum, once
+      float total0 = 0.0f, total1 = 0.0f;
 #pragma unroll
       for (int w = 0; w < kWarps; ++w) {
-        const float mw = m_s[w][tid];
-        total += mw == -INFINITY ? 0.0f : l_s[w][tid] * exp2f(mw - mx);
+        const float mw0 = m_s[w][r0], mw1 = m_s[w][r0 + 8];
+        total0 += mw0 == -INFINITY ? 0.0f : l_s[w][r0] * exp2f(mw0 - mx0);
+        total1 += mw1 == -INFINITY ? 0.0f : l_s[w][r0 + 8] * exp2f(mw1 - mx1);
       }
-      row_max[tid] = mx;
-      row_sum[tid] = total;
+      row_max[r0] = mx0;
+      row_max[r0 + 8] = mx1;
+      row_sum[r0] = total0;
+      row_sum[r0 + 8] = total1;
     }
     float* cw = combine + warp * kMmaRows * M::kCStride;
 #pragma unroll
