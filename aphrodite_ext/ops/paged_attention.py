@@ -106,8 +106,9 @@ def xl_paged_attention(
     out: torch.Tensor | None = None,
     version: str = "auto",
 ) -> torch.Tensor:
-    """Transformer-XL decode attention: score_j = scale * (q + pos_bias_u) . k_j +
-    matrix_bd[s, h, j] (matrix_bd: [num_seqs, num_heads, >= max_seq_len])."""
+    """Transformer-XL decode attention: score_j = scale * ((q + pos_bias_u) . k_j +
+    matrix_bd[s, h, j]) (matrix_bd: [num_seqs, num_heads, >= max_seq_len]): the content and
+    position terms are summed, then scaled, as in Transformer-XL."""
     load("_C")
     num_seqs, num_heads, head_size = query.shape
     out = torch.empty_like(query) if out is None else out
@@ -209,7 +210,7 @@ def paged_attention_ref(
             positions = torch.arange(n, device=query.device) - (n - 1)
             scores = scores + alibi_slopes.float()[:, None] * positions[None, :]
         if matrix_bd is not None:
-            scores = scores + matrix_bd[s, :, :n].float()
+            scores = scores + scale * matrix_bd[s, :, :n].float()
         probs = torch.softmax(scores, dim=-1)
         out[s] = torch.einsum("hn,nhd->hd", probs, v)
     return out.to(query.dtype)

@@ -22,9 +22,10 @@ enum class KvCacheDtype : int8_t {
 
 /// For query head h of sequence s (kv head h / (num_heads / num_kv_heads)), over its tokens
 /// j < seq_lens[s]:
-///   score_j = scale * (q[s, h] + u[s, h]) . k[s, j]            (u = pos_bias_u, XL only)
+///   score_j = scale * ((q[s, h] + u[s, h]) . k[s, j]           (u = pos_bias_u, XL only)
+///                      + matrix_bd[s, h, j])                     (XL only)
 ///           + alibi_slopes[h] * (j - seq_lens[s] + 1)            (when alibi_slopes is set)
-///           + matrix_bd[s, h, j]                                 (XL only)
+/// (Transformer-XL: the content and position terms are summed, then scaled.)
 ///   out[s, h] = sum_j softmax(score)_j * v[s, j]
 /// Softmax and accumulation in fp32. A sequence of length 0 gets zeros.
 struct PagedAttentionProblem {

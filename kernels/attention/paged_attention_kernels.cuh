@@ -402,8 +402,9 @@ __launch_bounds__(kThreads)  // as before the option: (kThreads, 1) compiles a l
                   float sc = dot[u][g];
                   if (slopes != nullptr) sc += slopes[h] * static_cast<float>(j - seq_len + 1);
                   if (xl) {
-                    sc += to_float(static_cast<const T*>(
-                        p.matrix_bd)[s * p.bd_seq_stride + h * p.bd_head_stride + j]);
+                    sc +=
+                        p.scale * to_float(static_cast<const T*>(
+                                      p.matrix_bd)[s * p.bd_seq_stride + h * p.bd_head_stride + j]);
                   }
                   score_s[g][t] = sc;
                 }
@@ -860,8 +861,8 @@ __global__ void __launch_bounds__(kThreads, 3)  // 3 blocks an SM: what the ring
               float sc = dot[g];
               if (slopes != nullptr) sc += slopes[h] * static_cast<float>(j - seq_len + 1);
               if (xl) {
-                sc += to_float(static_cast<const T*>(
-                    p.matrix_bd)[s * p.bd_seq_stride + h * p.bd_head_stride + j]);
+                sc += p.scale * to_float(static_cast<const T*>(
+                                    p.matrix_bd)[s * p.bd_seq_stride + h * p.bd_head_stride + j]);
               }
               score_s[g][t] = sc;
             }

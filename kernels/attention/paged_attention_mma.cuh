@@ -309,8 +309,8 @@ __global__ void __launch_bounds__(kThreads)
             if (p.alibi_slopes != nullptr)
               b = p.alibi_slopes[h] * static_cast<float>(j - seq_len + 1);
             if (xl) {
-              b += to_float(static_cast<const T*>(
-                  p.matrix_bd)[s * p.bd_seq_stride + h * p.bd_head_stride + j]);
+              b += p.scale * to_float(static_cast<const T*>(
+                                 p.matrix_bd)[s * p.bd_seq_stride + h * p.bd_head_stride + j]);
             }
             v += b * kLog2e;
           }

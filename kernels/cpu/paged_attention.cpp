@@ -238,13 +238,16 @@ class Item {
         const float slope = p_.alibi_slopes[h0 + g];
         for (int64_t i = 0; i < n; ++i) lg[i] += slope * static_cast<float>(t0 + i - len + 1);
       }
-      if (p_.matrix_bd != nullptr) {
+      if (p_.matrix_bd != nullptr) {  // scaled as the content term (XL)
         const S* bd = static_cast<const S*>(p_.matrix_bd) + s * p_.bd_seq_stride +
                       (h0 + g) * p_.bd_head_stride + t0;
+        const vf sc = vec::bcast(p_.scale);
         int64_t i = 0;
-        for (; i + L <= n; i += L) vec::storeu(lg + i, vec::loadu(lg + i) + vec::load<T>(bd + i));
+        for (; i + L <= n; i += L) {
+          vec::storeu(lg + i, vec::fmadd(vec::load<T>(bd + i), sc, vec::loadu(lg + i)));
+        }
         if (i < n) {
-          const vf r = vec::loadu(lg + i) + vec::load_partial<T>(bd + i, n - i);
+          const vf r = vec::fmadd(vec::load_partial<T>(bd + i, n - i), sc, vec::loadu(lg + i));
           std::memcpy(lg + i, &r, static_cast<size_t>(n - i) * sizeof(float));
         }
       }

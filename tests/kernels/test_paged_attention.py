@@ -294,6 +294,32 @@ def test_xl(device, version, dtype):
     check(out, b.ref(pos_bias_u=u, matrix_bd=bd), dtype)
 
 
+@pytest.mark.parametrize("dtype", list(TOL))
+def test_xl_scales_matrix_bd(device, dtype):
+    # The score is scale * ((q + u) . k + matrix_bd), as in Transformer-XL: with u = 0 and
+    # matrix_bd = q . k, XL attention is plain attention at twice the scale (a matrix_bd added
+    # outside the scale would give scale + 1 times q . k instead).
+    seq_lens = [5, 300, 33]
+    b = Batch(seq_lens, 4, 2, 64, 16, dtype, device)
+    bd = torch.zeros(len(seq_lens), 4, b.max_seq_len, device=device)
+    for s, n in enumerate(seq_lens):
+        k = b.keys[s].float().repeat_interleave(2, dim=1)  # [n, heads, head_size]
+        bd[s, :, :n] = torch.einsum("hd,nhd->hn", b.query[s].float(), k)
+    out = xl_paged_attention(
+        b.query,
+        torch.zeros_like(b.query),
+        bd.to(dtype),
+        b.key_cache,
+        b.value_cache,
+        b.block_tables,
+        b.seq_lens,
+        b.max_seq_len,
+        b.scale,
+    )
+    b.scale *= 2
+    check(out, b.ref(), dtype)
+
+
 def test_xl_fp8(device):
     b = Batch([17, 530], 4, 1, 128, 32, torch.bfloat16, device, kv_cache_dtype="fp8")
     u = torch.randn_like(b.query)
