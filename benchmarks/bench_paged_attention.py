@@ -10,6 +10,10 @@ group folded into the sequence dimension ([batch, kv_heads, group, head], no mas
 math, as an MHA problem with `group` query tokens). Neither copies the KV
 (repeat_interleave would read it group times).
 
+The XL variant (xl_paged_attention_v1: score = scale * ((q + u) . k + matrix_bd[token])) is timed
+at the same sizes against the same two SDPA forms given q + u as the query and scale *
+matrix_bd as an additive attn_mask (the mask's bytes are not counted in KV TB/s).
+
     python benchmarks/bench_paged_attention.py [--out DIR] [--quick]
 """
 
@@ -124,6 +128,35 @@ class Problem:
             **self.common(),
         )
 
+    def xl_inputs(self, gen):
+        shape = (self.batch, HEADS, HEAD)
+        self.u = torch.randn(shape, generator=gen).to(self.q.device, DTYPE)
+        self.bd = torch.randn(self.batch, HEADS, self.ctx, generator=gen).to(self.q.device, DTYPE)
+        self.qu = self.q + self.u  # the peer's query (the kernel adds u itself)
+        self.mask = (self.bd.float() * self.scale).to(DTYPE)
+
+    def xl_v1(self):
+        named = self.common()
+        del named["alibi_slopes"]
+        call("xl_paged_attention_v1", pos_bias_u=self.u, matrix_bd=self.bd, **named)
+
+    def xl_sdpa_gqa(self):
+        return F.scaled_dot_product_attention(
+            self.qu[:, :, None],
+            self.k,
+            self.v,
+            attn_mask=self.mask[:, :, None],
+            scale=self.scale,
+            enable_gqa=True,
+        )[:, :, 0]
+
+    def xl_sdpa_grouped(self):
+        g = HEADS // KV_HEADS
+        q = self.qu.view(self.batch, KV_HEADS, g, HEAD)
+        mask = self.mask.view(self.batch, KV_HEADS, g, self.ctx)
+        o = F.scaled_dot_product_attention(q, self.k, self.v, attn_mask=mask, scale=self.scale)
+        return o.reshape(self.batch, HEADS, HEAD)
+
     def sdpa_gqa(self):
         return F.scaled_dot_product_attention(
             self.q[:, :, None], self.k, self.v, scale=self.scale, enable_gqa=True
@@ -183,6 +216,24 @@ def main():
             rows.append(
                 [32, ctx, name, f"{ms:.4f}", f"{pb.kv_bytes / ms / 1e9:.2f}", f"{peer / ms:.2f}"]
             )
+        pb.xl_inputs(gen)
+        ref = pb.xl_sdpa_grouped()
+        peers = {"xl sdpa grouped + mask": pb.xl_sdpa_grouped}
+        try:  # GQA with a mask is not every SDPA backend's
+            check("xl sdpa enable_gqa", pb.xl_sdpa_gqa(), ref)
+            peers["xl sdpa enable_gqa + mask"] = pb.xl_sdpa_gqa
+        except RuntimeError as e:
+            print(f"xl sdpa enable_gqa + mask left out: {str(e).splitlines()[0]}")
+        pb.out.fill_(float("nan"))
+        pb.xl_v1()
+        check(f"xl_paged_attention_v1 (batch 32, ctx {ctx})", pb.out, ref)
+        times = {name: harness.median_ms(fn, "cuda") for name, fn in peers.items()}
+        peer = min(times.values())
+        times["xl_paged_attention_v1"] = harness.median_ms(pb.xl_v1, "cuda")
+        for name, ms in times.items():
+            rows.append(
+                [32, ctx, name, f"{ms:.4f}", f"{pb.kv_bytes / ms / 1e9:.2f}", f"{peer / ms:.2f}"]
+            )
         del pb
         torch.cuda.empty_cache()
 
@@ -207,7 +258,9 @@ def main():
         f"bf16, {HEADS} query heads / {KV_HEADS} kv heads, head {HEAD}, block {BLOCK}, "
         f"v2 partitions of {PARTITION} tokens; KV TB/s = K and V bytes of every token "
         "once / time; 'vs SDPA' = the faster SDPA's time / this time (SDPA rows: vs "
-        "the faster of the two); copy rate = bytes read + written / time."
+        "the faster of the two); copy rate = bytes read + written / time. XL rows: "
+        "xl_paged_attention_v1 against SDPA given q + u and scale * matrix_bd as an "
+        "additive mask, 'vs SDPA' against the faster of those two."
     )
     print(harness.write("paged_attention", "cuda", header, rows, out_dir=args.out, notes=notes))
 
