@@ -169,6 +169,25 @@ class Batch:
             version=version,
         )
 
+    def run_xl(self, pos_bias_u, matrix_bd, version="auto"):
+        out = torch.full_like(self.query, float("nan"))
+        return xl_paged_attention(
+            self.query,
+            pos_bias_u,
+            matrix_bd,
+            self.key_cache,
+            self.value_cache,
+            self.block_tables,
+            self.seq_lens,
+            self.max_seq_len,
+            self.scale,
+            self.kv_cache_dtype,
+            self.k_scale,
+            self.v_scale,
+            out=out,
+            version=version,
+        )
+
 
 def check(out, ref, dtype):
     atol, rtol = TOL[dtype]
@@ -277,21 +296,7 @@ def test_xl(device, version, dtype):
     bd = torch.randn(len(seq_lens), 8, width, device=device).to(dtype)
     for s, length in enumerate(seq_lens):
         bd[s, :, length:] = float("nan")  # a sequence reads only its first seq_len entries
-    out = torch.full_like(b.query, float("nan"))
-    xl_paged_attention(
-        b.query,
-        u,
-        bd,
-        b.key_cache,
-        b.value_cache,
-        b.block_tables,
-        b.seq_lens,
-        b.max_seq_len,
-        b.scale,
-        out=out,
-        version=version,
-    )
-    check(out, b.ref(pos_bias_u=u, matrix_bd=bd), dtype)
+    check(b.run_xl(u, bd, version), b.ref(pos_bias_u=u, matrix_bd=bd), dtype)
 
 
 @pytest.mark.parametrize("dtype", list(TOL))
@@ -305,17 +310,7 @@ def test_xl_scales_matrix_bd(device, dtype):
     for s, n in enumerate(seq_lens):
         k = b.keys[s].float().repeat_interleave(2, dim=1)  # [n, heads, head_size]
         bd[s, :, :n] = torch.einsum("hd,nhd->hn", b.query[s].float(), k)
-    out = xl_paged_attention(
-        b.query,
-        torch.zeros_like(b.query),
-        bd.to(dtype),
-        b.key_cache,
-        b.value_cache,
-        b.block_tables,
-        b.seq_lens,
-        b.max_seq_len,
-        b.scale,
-    )
+    out = b.run_xl(torch.zeros_like(b.query), bd.to(dtype))
     b.scale *= 2
     check(out, b.ref(), dtype)
 
@@ -325,22 +320,7 @@ def test_xl_fp8(device):
     u = torch.randn_like(b.query)
     bd = torch.randn(2, 4, b.max_seq_len, device=device).to(torch.bfloat16)
     for version in ["v1", "v2"]:
-        out = xl_paged_attention(
-            b.query,
-            u,
-            bd,
-            b.key_cache,
-            b.value_cache,
-            b.block_tables,
-            b.seq_lens,
-            b.max_seq_len,
-            b.scale,
-            "fp8",
-            b.k_scale,
-            b.v_scale,
-            version=version,
-        )
-        check(out, b.ref(pos_bias_u=u, matrix_bd=bd), torch.bfloat16)
+        check(b.run_xl(u, bd, version), b.ref(pos_bias_u=u, matrix_bd=bd), torch.bfloat16)
 
 
 # ------------------------------------------------------------------------------------------
