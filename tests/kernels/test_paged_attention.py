@@ -150,17 +150,23 @@ class Batch:
             matrix_bd,
         )
 
-    def run(self, version, alibi_slopes=None, query=None, out=None):
-        query = self.query if query is None else query
-        out = torch.full_like(self.query, float("nan")) if out is None else out
-        return paged_attention(
-            query,
+    def _cache_args(self):
+        """The ops' arguments from key_cache to scale."""
+        return (
             self.key_cache,
             self.value_cache,
             self.block_tables,
             self.seq_lens,
             self.max_seq_len,
             self.scale,
+        )
+
+    def run(self, version, alibi_slopes=None, query=None, out=None):
+        query = self.query if query is None else query
+        out = torch.full_like(self.query, float("nan")) if out is None else out
+        return paged_attention(
+            query,
+            *self._cache_args(),
             alibi_slopes,
             self.kv_cache_dtype,
             self.k_scale,
@@ -175,12 +181,7 @@ class Batch:
             self.query,
             pos_bias_u,
             matrix_bd,
-            self.key_cache,
-            self.value_cache,
-            self.block_tables,
-            self.seq_lens,
-            self.max_seq_len,
-            self.scale,
+            *self._cache_args(),
             self.kv_cache_dtype,
             self.k_scale,
             self.v_scale,
