@@ -197,6 +197,13 @@ def main():
     header = ["batch", "ctx", "kernel", "ms", "KV TB/s", "vs SDPA"]
     rows = []
     contexts = (1024, 4096) if args.quick else (1024, 4096, 16384)
+
+    def add_rows(pb, ctx, times, peer):
+        for name, ms in times.items():
+            rows.append(
+                [32, ctx, name, f"{ms:.4f}", f"{pb.kv_bytes / ms / 1e9:.2f}", f"{peer / ms:.2f}"]
+            )
+
     for ctx in contexts:
         pb = Problem(32, ctx, gen)
         ref = pb.sdpa_grouped()
@@ -212,10 +219,7 @@ def main():
             "paged_attention_v2": harness.median_ms(pb.v2, "cuda"),
         }
         peer = min(times["sdpa enable_gqa"], times["sdpa grouped"])
-        for name, ms in times.items():
-            rows.append(
-                [32, ctx, name, f"{ms:.4f}", f"{pb.kv_bytes / ms / 1e9:.2f}", f"{peer / ms:.2f}"]
-            )
+        add_rows(pb, ctx, times, peer)
         pb.xl_inputs(gen)
         ref = pb.xl_sdpa_grouped()
         peers = {"xl sdpa grouped + mask": pb.xl_sdpa_grouped}
@@ -230,10 +234,7 @@ def main():
         times = {name: harness.median_ms(fn, "cuda") for name, fn in peers.items()}
         peer = min(times.values())
         times["xl_paged_attention_v1"] = harness.median_ms(pb.xl_v1, "cuda")
-        for name, ms in times.items():
-            rows.append(
-                [32, ctx, name, f"{ms:.4f}", f"{pb.kv_bytes / ms / 1e9:.2f}", f"{peer / ms:.2f}"]
-            )
+        add_rows(pb, ctx, times, peer)
         del pb
         torch.cuda.empty_cache()
 

@@ -16,7 +16,7 @@
 //    an HFMA2 by 1/16 instead of a shift), and issues MT x 8 mma.sync.m16n8k16 with fp32
 //    accumulators. The 16-row decode block computes the transposed product instead (weights as
 //    the A operand: 8 MMAs, 4 where at most 8 rows lie inside M; see `narrow`) and scales its
-//    fp32 sums once a stage rather than every weight (kAccScale);
+//    fp32 sums once a stage rather than every weight;
 //  - work partition: the blocks of a row of blocks (blockIdx.y) share its (column tile, k slice)
 //    units in equal contiguous ranges, tile-major: one block per tile, split-K (a tile's k slices
 //    over `splits` blocks) or stream-K (as many blocks as are resident at once, each walking its
@@ -611,17 +611,16 @@ __global__ void __launch_bounds__(
     // The 16-row decode block (kTransposed) computes the transposed product, out^T = W^T a^T, at
     // any row count (see compute_stage), so that a lane's accumulators belong to the columns
     // whose scales it holds (spair): it multiplies the fp32 sums by the scales once a stage
-    // (kAccScale) instead of every dequantized weight by its scale in T (64 HMUL2 a stage).
+    // instead of every dequantized weight by its scale in T (64 HMUL2 a stage).
     constexpr bool kTransposed = C::kBlockM == 16 && kKWarps == 1;
-    constexpr bool kAccScale = kTransposed;
 
     // Word word0 + w of a lane's weight vector (sub-tiles 2w and 2w + 1 of its words) as
     // the four registers b[j] (nibble pairs (j, j + 4) for j = 0..3: b01 of sub-tile 2w, b01 of
     // 2w+1, b23 of 2w, b23 of 2w+1; marlin.h), dequantized (code - zero, exact in T) and, but
-    // for kAccScale, scaled. bf16: each pair shifted to bits 0..3 and 16..19, ORed into the
-    // magic's mantissa, minus magic + zero. fp16: only pairs 2 and 3 are shifted (by 8); pairs
-    // 1 and 3 are taken in bits 4..7 and 20..23 and scaled down by the HFMA2 that removes the
-    // bias (Traits kHighNibbleFma).
+    // for the transposed product (scaled on its sums), scaled. bf16: each pair shifted to bits
+    // 0..3 and 16..19, ORed into the magic's mantissa, minus magic + zero. fp16: only pairs 2
+    // and 3 are shifted (by 8); pairs 1 and 3 are taken in bits 4..7 and 20..23 and scaled down
+    // by the HFMA2 that removes the bias (Traits kHighNibbleFma).
     auto dequant_word = [&](int w, uint32_t word, uint32_t (&b)[4]) {
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
@@ -640,7 +639,7 @@ __global__ void __launch_bounds__(
           v = __hsub2(as_t2<T2>(lop3_and_or(word >> (4 * j), 0x000f000fu, Tr::kMagic)),
                       as_t2<T2>(zsub[tile]));
         }
-        if constexpr (kAccScale) {
+        if constexpr (kTransposed) {
           b[j] = as_u32(v);
         } else {
           const T2 s = (j & 1) ? Tr::highs(spair[w]) : Tr::lows(spair[w]);
@@ -730,10 +729,10 @@ __global__ void __launch_bounds__(
         }
         b_vec = sb[(kk * kNWarps + warp_n) * 32 + lane];
       };
-      // kAccScale, grouped: the stage's unscaled sums of each group, added to acc times the
+      // Transposed, grouped: the stage's unscaled sums of each group, added to acc times the
       // group's scales (fold) where the group ends in the stage and at its end.
       constexpr int kHalves = kNarrow ? 1 : 2;  // row halves of the transposed product
-      float gacc[kAccScale && kGrouped ? 8 : 1][4] = {};
+      float gacc[kTransposed && kGrouped ? 8 : 1][4] = {};
       auto fold = [&]() {
 #pragma unroll
         for (int w = 0; w < 4; ++w) {
@@ -758,7 +757,7 @@ __global__ void __launch_bounds__(
           if (i == 0) {
             load_group(base, kk >= boundary ? 1 : 0);
           } else if (kk == boundary) {  // uniform over the block
-            if constexpr (kAccScale) fold();
+            if constexpr (kTransposed) fold();
             load_group(base, 1);
           }
         }
@@ -776,7 +775,7 @@ __global__ void __launch_bounds__(
           if constexpr (kTransposed) {
 #pragma unroll
             for (int h = 0; h < kHalves; ++h) {
-              float (&d)[4] = kAccScale && kGrouped ? gacc[4 * h + w] : acc[0][4 * h + w];
+              float (&d)[4] = kTransposed && kGrouped ? gacc[4 * h + w] : acc[0][4 * h + w];
               mma_16816<T>(d, b, af[i % 2][0][2 * h], af[i % 2][0][2 * h + 1]);
             }
           } else {
@@ -788,7 +787,7 @@ __global__ void __launch_bounds__(
           }
         }
       }
-      if constexpr (kAccScale && kGrouped) fold();
+      if constexpr (kTransposed && kGrouped) fold();
     };
 
     // A wgmma block's stage, in two batches of two k steps: each warp dequantizes words
