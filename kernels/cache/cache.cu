@@ -429,20 +429,8 @@ gpuError_t launch_reshape_typed(const ReshapeAndCacheProblem& p, gpuStream_t str
   }
   // Fewer tile blocks than kDecodeBlocks (decode and small prefill): each (tile, kv head) goes to
   // one kDecodeThreads-thread block per kDecodeThreads items instead of one kThreads block, so
-  // that the stores (the paged values are one store per element) spread over more SMs. Blocks
-  // of 128 were no faster (H100, 2026-11-26, 16 tokens, two alternating rounds: 0.85 / 0.90 of
-  // torch.compile against 0.88 / 0.92 with 64), of 256 slower (0.82). Same H100, later run,
-  // 16 scattered tokens, us (ours 4.42-4.51 as is): blocks of 32 4.45-4.61, 16-byte value
-  // reads 4.94-5.06, values piece-fastest instead of token-fastest 4.51-4.59, both 5.06-5.09;
-  // 2-byte value pieces 4.38 token-fastest, 4.38-4.54 piece-fastest (ours as is 4.42-4.75).
-  // Kernel-only times (torch.profiler, cold L2; H100, 2026-11-26, 16 scattered tokens): ours
-  // 1.89 us, torch.compile's one Triton kernel 1.63 us (16 blocks of 1024 elements, a token
-  // each). A block a token with a thread an x-chunk took 3.12 us (16-byte value reads, 8 stores
-  // each) and 2.85 us (values read and stored element by element, lanes on consecutive
-  // dimensions); at 1 token 2.6-2.9 against 1.62. torch.compile's kernel runs 128 blocks of 128
-  // threads at 16 tokens, one key and one value element a thread; the same shape here (one
-  // element a thread, threads over token, head, element) took 2.11 us, 2.02 with its parameters
-  // packed into 112 bytes of int32 and pointers (ours 1.87 in that run).
+  // that the stores (the paged values are one store per element) spread over more SMs. The
+  // launch shapes and kernel variants measured against it are in kernels/cache/NOTES.md.
   constexpr int64_t kDecodeThreads = 64, kDecodeBlocks = 256;
   const int64_t tiles = (p.num_tokens + kTileTokens - 1) / kTileTokens;
   const bool small = tiles * p.num_kv_heads < kDecodeBlocks;
