@@ -13,7 +13,9 @@
 #
 #   APHRODITE_GENERATOR_OPTIONS (cache)
 #       "<name>.<key>=<value>;..." narrows a generator's grid for fast development builds, e.g.
-#       "activation.dtypes=bf16"; each entry goes to the generator of that family.
+#       "activation.dtypes=bf16"; each entry goes to the generator of that family, which rejects
+#       keys and values it does not have when configure asks it for its outputs
+#       (aphrodite_finalize rejects entries for families without a generator).
 
 set(APHRODITE_GENERATOR_OPTIONS "" CACHE STRING
   "Generator options, <family>.<key>=<value>;... (e.g. activation.dtypes=bf16)")

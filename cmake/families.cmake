@@ -21,7 +21,8 @@
 #       Families to leave out of this build (e.g. for a fast development build); their ops
 #       still exist and say that they were disabled.
 #   aphrodite_finalize()
-#       Creates the modules that have a built family, installs them, and writes plan.json
+#       Checks that every APHRODITE_GENERATOR_OPTIONS entry names a family with a generator,
+#       creates the modules that have a built family, installs them, and writes plan.json
 #       (also installed as aphrodite_ext/_build_info.json).
 
 set(APHRODITE_DISABLE_FAMILIES "" CACHE STRING "Kernel families to leave out of this build")
@@ -61,6 +62,9 @@ function(aphrodite_add_family name)
     message(FATAL_ERROR "aphrodite_add_family(${name}): a family of that name already exists")
   endif()
   set_property(GLOBAL APPEND PROPERTY APHRODITE_FAMILIES ${name})
+  if(arg_GPU_GENERATOR)
+    set_property(GLOBAL APPEND PROPERTY APHRODITE_GENERATED_FAMILIES ${name})
+  endif()
 
   get_property(_backends GLOBAL PROPERTY APHRODITE_EXTENSION_BACKENDS_${arg_TARGET})
   set(fam_ARCHS "")
@@ -202,6 +206,21 @@ function(aphrodite_finalize)
     if(NOT _unknown IN_LIST _families)
       message(FATAL_ERROR "APHRODITE_DISABLE_FAMILIES names '${_unknown}', which is not a "
         "kernel family; families: ${_families}")
+    endif()
+  endforeach()
+  # A generator option for a family that has no generator would be ignored, and the build would
+  # compile the full grids it meant to narrow: say so now. (A family's generator checks its own
+  # keys and values, at configure, wherever the family is built.)
+  get_property(_generated GLOBAL PROPERTY APHRODITE_GENERATED_FAMILIES)
+  list(JOIN _generated ", " _generated_text)
+  foreach(_entry IN LISTS APHRODITE_GENERATOR_OPTIONS)
+    string(REGEX REPLACE "\\..*$" "" _family "${_entry}")
+    if(NOT _family IN_LIST _families)
+      message(FATAL_ERROR "APHRODITE_GENERATOR_OPTIONS entry '${_entry}' names '${_family}', which "
+        "is not a kernel family; the families with a generator are ${_generated_text}")
+    elseif(NOT _family IN_LIST _generated)
+      message(FATAL_ERROR "APHRODITE_GENERATOR_OPTIONS entry '${_entry}': the ${_family} family "
+        "has no generator (its sources are fixed); the families with one are ${_generated_text}")
     endif()
   endforeach()
   foreach(_f IN LISTS _families)

@@ -36,6 +36,8 @@ DTYPES = [
     DType("f16", "__half", "kFloat16"),
     DType("bf16", "__nv_bfloat16", "kBFloat16"),
 ]
+# The keys of the Options above (common.main rejects any other).
+OPTION_KEYS = ("dtypes", "kinds")
 TEMPLATES = ["activation_instance.cu.j2", "activation_dispatch.cu.j2"]
 
 
@@ -61,4 +63,4 @@ def render(request: common.Request) -> dict[str, str]:
 
 
 if __name__ == "__main__":
-    common.main(__file__, TEMPLATES, render)
+    common.main(__file__, TEMPLATES, render, OPTION_KEYS)

@@ -96,7 +96,20 @@ def content_hash(inputs: list[Path], request: Request) -> str:
     return digest.hexdigest()
 
 
-def main(generator_file: str, templates: list[str], render: Callable[[Request], dict]) -> None:
+# Passed to every generator by the build (cmake/families.cmake): the backend it generates for.
+BUILD_OPTIONS = ("backend",)
+
+
+def main(
+    generator_file: str,
+    templates: list[str],
+    render: Callable[[Request], dict],
+    option_keys: tuple[str, ...],
+) -> None:
+    """The generator's command line. `option_keys` are the keys its render reads (those of its
+    docstring's Options): any other key fails before anything is generated, so that a misspelt
+    narrowing (APHRODITE_GENERATOR_OPTIONS="marlin.dtype=bf16") stops the build instead of
+    building the full grid."""
     parser = argparse.ArgumentParser(description=f"codegen/{Path(generator_file).name}")
     parser.add_argument("--out-dir", type=Path, required=True)
     parser.add_argument("--archs", default="", help="the archs the family is built for")
@@ -110,6 +123,13 @@ def main(generator_file: str, templates: list[str], render: Callable[[Request], 
         if not sep or not key:
             raise SystemExit(f"--option {item!r}: expected KEY=VALUE")
         options[key] = value
+    known = (*option_keys, *BUILD_OPTIONS)
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise SystemExit(
+            f"codegen/{Path(generator_file).name}: unknown generator option(s) "
+            f"{', '.join(unknown)}; its options are {', '.join(option_keys)}"
+        )
     request = Request(archs=tuple(args.archs.split()), options=options)
     generator = Path(generator_file).resolve()
     inputs = _inputs(generator, templates)

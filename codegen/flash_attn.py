@@ -50,6 +50,8 @@ HEAD_DIMS = ["64", "96", "128", "192", "256"]
 BLOCK_M = ["64", "128"]
 CAUSAL = ["off", "on"]
 PAGED = ["off", "on"]
+# The keys of the Options above (common.main rejects any other).
+OPTION_KEYS = ("head_dims", "dtypes", "causal", "paged", "block_m")
 TEMPLATES = ["flash_attn_instance.cu.j2", "flash_attn_dispatch.cu.j2"]
 
 
@@ -134,4 +136,4 @@ def render(request: common.Request) -> dict[str, str]:
 
 
 if __name__ == "__main__":
-    common.main(__file__, TEMPLATES, render)
+    common.main(__file__, TEMPLATES, render, OPTION_KEYS)

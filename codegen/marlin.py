@@ -86,6 +86,8 @@ DEFAULT_SHAPES = [s for s in SHAPES if s.k_warps == 1]
 # generated only when the family is built for 9.0a; other archs of the same build compile them
 # to a trap that the dispatch never launches (it checks the device is sm_90).
 WGMMA_ARCH = "9.0a"
+# The keys of the Options above (common.main rejects any other).
+OPTION_KEYS = ("dtypes", "weights", "groups", "shapes")
 TEMPLATES = ["marlin_instance.cu.j2", "marlin_dispatch.cu.j2"]
 
 
@@ -160,4 +162,4 @@ def render(request: common.Request) -> dict[str, str]:
 
 
 if __name__ == "__main__":
-    common.main(__file__, TEMPLATES, render)
+    common.main(__file__, TEMPLATES, render, OPTION_KEYS)

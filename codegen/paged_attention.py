@@ -64,6 +64,8 @@ DTYPES = [
 HEAD_SIZES = ["64", "80", "96", "112", "128", "192", "256"]
 BLOCK_SIZES = ["8", "16", "32"]
 CACHES = [Cache("auto", None, "kAuto"), Cache("fp8", "uint8_t", "kFp8E4M3")]
+# The keys of the Options above (common.main rejects any other).
+OPTION_KEYS = ("head_sizes", "dtypes", "block_sizes", "fp8", "xl", "min_blocks", "kernel")
 TEMPLATES = ["paged_attention_instance.cu.j2", "paged_attention_dispatch.cu.j2"]
 
 
@@ -147,4 +149,4 @@ def render(request: common.Request) -> dict[str, str]:
 
 
 if __name__ == "__main__":
-    common.main(__file__, TEMPLATES, render)
+    common.main(__file__, TEMPLATES, render, OPTION_KEYS)

@@ -125,6 +125,36 @@ def test_bad_option_says_what_is_allowed(codegen, tmp_path):
     assert proc.returncode != 0 and "subset of f32,f16,bf16" in proc.stderr
 
 
+@pytest.mark.parametrize(
+    "generator, good, misspelt",
+    [
+        ("activation", "kinds=silu", "kind=silu"),
+        ("marlin", "shapes=m16n256", "shape=m16n256"),
+        ("paged_attention", "head_sizes=128", "head_size=128"),
+        ("flash_attn", "head_dims=128", "headdims=128"),
+    ],
+)
+def test_unknown_option_key_fails_before_generating(tmp_path, generator, good, misspelt):
+    # A misspelt key would otherwise be ignored and the full grid built: every generator names
+    # the keys it has instead, and writes nothing.
+    def describe(*options):
+        cmd = [sys.executable, str(ROOT / "codegen" / f"{generator}.py")]
+        cmd += ["--out-dir", str(tmp_path / "out"), "--archs", "9.0a"]
+        for option in options:
+            cmd += ["--option", option]
+        return subprocess.run(cmd + ["--describe"], capture_output=True, text=True)
+
+    proc = describe("backend=cuda", misspelt)
+    assert proc.returncode != 0 and not (tmp_path / "out").exists()
+    key = misspelt.split("=")[0]
+    assert f"unknown generator option(s) {key}; its options are" in proc.stderr
+    assert good.split("=")[0] in proc.stderr.split("its options are", 1)[1]
+    ok = describe("backend=cuda", good)
+    assert ok.returncode == 0, ok.stderr
+    narrowed, full = json.loads(ok.stdout)["outputs"], json.loads(describe().stdout)["outputs"]
+    assert 0 < len(narrowed) < len(full)
+
+
 # --- the build graph: CMake + ninja + nvcc --------------------------------------------------
 
 

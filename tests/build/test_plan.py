@@ -137,6 +137,21 @@ def test_disabled_family_is_recorded_with_its_reason(tmp_path):
 
 
 @pytest.mark.parametrize(
+    "options, message",
+    [
+        ("marln.dtypes=bf16", "names 'marln', which is not a kernel family"),
+        ("layernorm.dtypes=bf16", "the layernorm family has no generator"),
+        ("marlin.dtype=bf16", "unknown generator option(s) dtype"),
+    ],
+)
+def test_cmake_rejects_generator_options_that_would_be_ignored(tmp_path, options, message):
+    # Each would leave the grid it meant to narrow at full size: configure stops and says why.
+    proc, build = configure(tmp_path, "9.0a", f"-DAPHRODITE_GENERATOR_OPTIONS={options}")
+    assert proc.returncode != 0 and message in " ".join(proc.stderr.split())
+    assert not (build / "plan.json").exists()
+
+
+@pytest.mark.parametrize(
     "archs, message",
     [
         ("9.1", "'9.1' is not a CUDA arch"),
