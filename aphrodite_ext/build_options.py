@@ -127,6 +127,7 @@ class BuildOptions:
     cmake_args: list[str]
     build_dir: Path
     generator_options: str
+    disable_families: list[str]
     compiler_launcher: str | None
     verbose: bool
     env: dict[str, str] = field(repr=False, default_factory=dict)
@@ -172,6 +173,20 @@ class BuildOptions:
                     "e.g. activation.dtypes=bf16"
                 )
 
+        # Families to leave out: passed on every configure (empty when unset), so that a
+        # persistent build directory does not keep an earlier build's list in its CMake cache.
+        # CMake checks the names against the declared families.
+        disable_families = [
+            f for f in re.split(r"[;,\s]+", env.get("APHRODITE_DISABLE_FAMILIES", "")) if f
+        ]
+        for family in disable_families:
+            if not re.fullmatch(r"[a-z0-9_]+", family):
+                raise BuildOptionError(
+                    f"APHRODITE_DISABLE_FAMILIES entry {family!r} is not a family name "
+                    "(e.g. APHRODITE_DISABLE_FAMILIES='flash_attn;marlin'; "
+                    "`python -m aphrodite_ext plan` lists the families)"
+                )
+
         torch_facts = torch_facts or TorchFacts.probe()
         device, reason = resolve_device(requested, torch_facts)
         if device == "cuda" and find_nvcc() is None:
@@ -202,6 +217,7 @@ class BuildOptions:
             cmake_args=cmake_args,
             build_dir=build_dir.resolve(),
             generator_options=generator_options,
+            disable_families=disable_families,
             compiler_launcher=launcher or None,
             verbose=env.get("VERBOSE", "") not in ("", "0"),
             env=env,
@@ -215,6 +231,7 @@ class BuildOptions:
             f"-DAPHRODITE_NVCC_THREADS={self.nvcc_threads}",
             f"-DAPHRODITE_VERSION={version}",
             f"-DAPHRODITE_GENERATOR_OPTIONS={self.generator_options.replace(' ', ';')}",
+            f"-DAPHRODITE_DISABLE_FAMILIES={';'.join(self.disable_families)}",
         ]
         if self.device == "cuda":
             nvcc = find_nvcc()

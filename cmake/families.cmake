@@ -17,7 +17,8 @@
 #       `cute`, from cmake/cutlass.cmake): the family is skipped when one is missing, with the
 #       reason the dependency's finder recorded (APHRODITE_<DEP>_MISSING_REASON, else a generic
 #       one), and built, the target is linked into the module.
-#   APHRODITE_DISABLE_FAMILIES (cache)
+#   APHRODITE_DISABLE_FAMILIES (cache; setup.py passes the environment variable of that name on
+#       every configure)
 #       Families to leave out of this build (e.g. for a fast development build); their ops
 #       still exist and say that they were disabled.
 #   aphrodite_finalize()

@@ -48,11 +48,31 @@ def test_auto_picks_the_backend_and_says_why(facts, device, why):
         ({"CMAKE_ARGS": "-DFOO='unterminated"}, "cannot be split"),
         ({"CMAKE_ARGS": "-DAPHRODITE_TARGET_DEVICE=cuda"}, "set the environment variable"),
         ({"APHRODITE_GENERATOR_OPTIONS": "dtypes=bf16"}, "<family>.<key>=<value>"),
+        ({"APHRODITE_DISABLE_FAMILIES": "flash_attn;-DX=1"}, "'-DX=1' is not a family name"),
     ],
 )
 def test_bad_knobs_are_rejected(env, match):
     with pytest.raises(bo.BuildOptionError, match=match):
         options(**env)
+
+
+@pytest.mark.parametrize(
+    "value, families",
+    [
+        ("", ""),
+        ("flash_attn", "flash_attn"),
+        (" marlin, flash_attn;paged_attention ", "marlin;flash_attn;paged_attention"),
+    ],
+)
+def test_disabled_families_reach_every_configure(value, families):
+    # Passed on every configure, empty too: a persistent build directory's CMake cache must not
+    # keep the list of an earlier build; CMAKE_ARGS, which comes last, still overrides it.
+    args = options(APHRODITE_DISABLE_FAMILIES=value).cmake_configure_args("python3", "0")
+    assert args.count(f"-DAPHRODITE_DISABLE_FAMILIES={families}") == 1
+    args = options(
+        APHRODITE_DISABLE_FAMILIES=value, CMAKE_ARGS="-DAPHRODITE_DISABLE_FAMILIES=moe_sum"
+    ).cmake_configure_args("python3", "0")
+    assert args[-1] == "-DAPHRODITE_DISABLE_FAMILIES=moe_sum"
 
 
 def test_cuda_without_nvcc_names_what_is_missing(monkeypatch):
