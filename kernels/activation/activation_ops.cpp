@@ -29,13 +29,13 @@ activation::Problem make_problem(const char* op, at::Tensor& out, const at::Tens
   const ScalarType dtype = kernel_dtype(op, "input", input);
   check_dtype(op, "out", out, input.scalar_type());
   const int64_t num_tokens = c10::multiply_integers(expected.begin(), expected.end() - 1);
-  return {out.data_ptr(),
-          input.data_ptr(),
-          num_tokens,
-          d,
-          row_stride(op, "out", out),
-          row_stride(op, "input", input),
-          dtype};
+  const int64_t out_stride = row_stride(op, "out", out);
+  const int64_t input_stride = row_stride(op, "input", input);
+  check_rows_distinct(op, "out", out, out_stride);
+  // out may be the first half of input's rows (each element is read before it is written, by
+  // the thread that writes it), nothing else of input.
+  check_no_overlap(op, "out", out, out_stride, "input", input, input_stride, /*in_place=*/true);
+  return {out.data_ptr(), input.data_ptr(), num_tokens, d, out_stride, input_stride, dtype};
 }
 
 void act_and_mul(activation::Kind kind, const char* op, at::Tensor& out, const at::Tensor& input) {

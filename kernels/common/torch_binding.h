@@ -9,6 +9,9 @@
 // and the backend's: APHRODITE_BACKEND_CPU or APHRODITE_BACKEND_GPU (CUDA and ROCm).
 #pragma once
 
+#include <algorithm>
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -60,11 +63,13 @@ inline void check_last_dim_contiguous(const char* op, const char* arg, const at:
 }
 
 /// Rows of a tensor viewed as [rows, last]: every leading dimension must collapse into one
-/// stride (true for contiguous tensors and for slices of the last dimension).
+/// stride (true for contiguous tensors and for slices of the last dimension). An empty tensor
+/// has no rows to lay out: any strides.
 inline int64_t row_stride(const char* op, const char* arg, const at::Tensor& t) {
   check_last_dim_contiguous(op, arg, t);
   if (t.dim() <= 1) return t.size(-1);
   int64_t stride = t.stride(-2);
+  if (t.numel() == 0) return stride;
   int64_t expected = stride;
   for (int64_t d = t.dim() - 2; d >= 0; --d) {
     TORCH_CHECK(t.size(d) == 1 || t.stride(d) == expected, op, ": ", arg,
@@ -73,6 +78,64 @@ inline int64_t row_stride(const char* op, const char* arg, const at::Tensor& t) 
     expected *= t.size(d);
   }
   return stride;
+}
+
+/// Rejects an output whose rows (row_stride's [rows, last] view, `stride` elements apart)
+/// share memory with each other, as an expanded tensor's do: the op would write them twice.
+inline void check_rows_distinct(const char* op, const char* arg, const at::Tensor& t,
+                                int64_t stride) {
+  if (t.numel() == 0 || t.numel() == t.size(-1)) return;
+  TORCH_CHECK(stride >= t.size(-1), op, ": ", arg, " has rows that share memory (sizes ", t.sizes(),
+              ", strides ", t.strides(),
+              "); pass a tensor whose rows are distinct, e.g. a new or .contiguous() one");
+}
+
+/// Whether the [rows, last] views of a and b (rows `a_stride` / `b_stride` elements apart,
+/// each row contiguous) share a byte. Exact where both rows lie the same number of bytes apart
+/// (slices of one tensor's last dimension: q and k of a qkv projection do not overlap); else
+/// by their byte ranges.
+inline bool rows_overlap(const at::Tensor& a, int64_t a_stride, const at::Tensor& b,
+                         int64_t b_stride) {
+  if (a.numel() == 0 || b.numel() == 0 || a.is_meta() || b.is_meta() || !a.has_storage() ||
+      !b.has_storage() || !a.storage().is_alias_of(b.storage())) {
+    return false;
+  }
+  const int64_t a_rows = a.numel() / a.size(-1), b_rows = b.numel() / b.size(-1);
+  const int64_t a_width = a.size(-1) * a.element_size(), b_width = b.size(-1) * b.element_size();
+  int64_t a_step = a_stride * a.element_size(), b_step = b_stride * b.element_size();
+  if (a_rows == 1) a_step = b_rows == 1 ? std::max(a_width, b_width) : b_step;
+  if (b_rows == 1) b_step = a_step;
+  const int64_t delta = static_cast<int64_t>(reinterpret_cast<uintptr_t>(b.data_ptr()) -
+                                             reinterpret_cast<uintptr_t>(a.data_ptr()));
+  if (a_step == b_step && a_step >= a_width && a_step >= b_width) {
+    // Byte a0 + i S + x (x < a_width) meets b0 + j S + y (y < b_width) where (i - j) S =
+    // delta + y - x: some k = i - j in [-(b_rows - 1), a_rows - 1] with k S in
+    // [delta - a_width + 1, delta + b_width - 1].
+    const int64_t step = a_step;
+    auto floor_div = [](int64_t n, int64_t d) { return n >= 0 ? n / d : -((-n + d - 1) / d); };
+    const int64_t lo = std::max(-floor_div(-(delta - a_width + 1), step), -(b_rows - 1));
+    const int64_t hi = std::min(floor_div(delta + b_width - 1, step), a_rows - 1);
+    return lo <= hi;
+  }
+  const int64_t a_end = (a_rows - 1) * a_step + a_width;
+  const int64_t b_end = delta + (b_rows - 1) * b_step + b_width;
+  return delta < a_end && 0 < b_end;
+}
+
+/// Rejects `out` sharing memory with `other` (rows_overlap), but for `in_place` ops the same
+/// rows exactly (the same first element and row stride): where an op writes an element it has
+/// read it first, from the same place.
+inline void check_no_overlap(const char* op, const char* out_name, const at::Tensor& out,
+                             int64_t out_stride, const char* other_name, const at::Tensor& other,
+                             int64_t other_stride, bool in_place) {
+  if (in_place && out.numel() > 0 && out.data_ptr() == other.data_ptr() &&
+      (out_stride == other_stride || out.numel() == out.size(-1))) {
+    return;
+  }
+  TORCH_CHECK(!rows_overlap(out, out_stride, other, other_stride), op, ": ", out_name,
+              " shares memory with ", other_name,
+              in_place ? " other than as the same rows (in place)" : "",
+              "; pass tensors that do not overlap");
 }
 
 #if defined(APHRODITE_BACKEND_GPU)
@@ -111,10 +174,35 @@ inline torch::CppFunction unavailable(std::string why) {
   return torch::CppFunction::makeFromBoxedFunctor(std::make_unique<Unavailable>(std::move(why)));
 }
 
+/// An op's fake (Meta) kernel runs when any of its tensors is on the meta device: under
+/// tracing (FakeTensor, torch.compile, opcheck) all are. A real tensor beside a meta one is a
+/// mistake that would otherwise return without computing anything.
+inline void check_meta_call(const std::string& op, const at::Tensor& t) {
+  TORCH_CHECK(!t.defined() || t.is_meta(), op, ": got a tensor on ", t.device(),
+              " beside tensors on the meta device; pass every tensor on the device that "
+              "computes (all on meta only to trace shapes)");
+}
+
+inline void check_meta_call(const std::string& op, const std::optional<at::Tensor>& t) {
+  if (t.has_value()) check_meta_call(op, *t);
+}
+
+inline void check_meta_call(const std::string& op, const c10::IValue& v) {
+  if (v.isTensor()) {
+    check_meta_call(op, v.toTensor());
+  } else if (v.isTensorList() || v.isList()) {
+    for (const c10::IValue& e : v.toListRef()) check_meta_call(op, e);
+  }
+}
+
 /// The fake kernel of an op that writes into caller-provided tensors and returns nothing:
 /// tracing (FakeTensor, torch.compile, symbolic shapes) only needs it to consume its inputs.
 inline void write_only_fake(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  torch::jit::drop(*stack, op.schema().arguments().size());
+  const size_t n = op.schema().arguments().size();
+  for (size_t i = stack->size() - n; i < stack->size(); ++i) {
+    check_meta_call(op.schema().name(), (*stack)[i]);
+  }
+  torch::jit::drop(*stack, n);
 }
 
 }  // namespace detail

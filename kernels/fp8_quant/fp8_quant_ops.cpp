@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <optional>
 
 #include <ATen/ops/empty.h>
@@ -32,8 +33,15 @@ fp8_quant::QuantProblem check_quant_inputs(const char* op, at::Tensor& result,
   p.input = input.data_ptr();
   p.num_tokens = c10::multiply_integers(input.sizes().begin(), input.sizes().end() - 1);
   p.hidden = input.size(-1);
+#if defined(APHRODITE_BACKEND_GPU)
+  TORCH_CHECK(p.hidden <= INT32_MAX, op,
+              ": the GPU kernels take rows of at most 2^31 - 1 elements, got ", p.hidden);
+#endif
   p.out_row_stride = row_stride(op, "result", result);
   p.input_row_stride = row_stride(op, "input", input);
+  check_rows_distinct(op, "result", result, p.out_row_stride);
+  check_no_overlap(op, "result", result, p.out_row_stride, "input", input, p.input_row_stride,
+                   /*in_place=*/false);
   return p;
 }
 

@@ -3,6 +3,9 @@
 
 #include <c10/util/accumulate.h>
 
+#include <cstdint>
+#include <tuple>
+
 #include "common/torch_binding.h"
 #if defined(APHRODITE_BACKEND_CPU) && APHRODITE_FAMILY_BUILT
 #include <ATen/Parallel.h>
@@ -29,6 +32,10 @@ int64_t check_norm_inputs(const char* op, const char* out_name, const at::Tensor
   check_dtype(op, "weight", weight, input.scalar_type());
   TORCH_CHECK(epsilon >= 0.0 && std::isfinite(epsilon), op,
               ": epsilon must be a finite number >= 0, got ", epsilon);
+#if defined(APHRODITE_BACKEND_GPU)
+  TORCH_CHECK(hidden <= INT32_MAX, op,
+              ": the GPU kernels take rows of at most 2^31 - 1 elements, got ", hidden);
+#endif
   return c10::multiply_integers(input.sizes().begin(), input.sizes().end() - 1);
 }
 
@@ -44,13 +51,21 @@ void cpu_rows(const char* op, int64_t rows, int64_t hidden, const Fn& fn) {
 void rms_norm(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight, double epsilon) {
   const char* op = "rms_norm";
   const int64_t rows = check_norm_inputs(op, "result", out, input, weight, epsilon);
+  const int64_t out_stride = row_stride(op, "result", out);
+  const int64_t input_stride = row_stride(op, "input", input);
+  check_rows_distinct(op, "result", out, out_stride);
+  // In place (result is input) is fine: a row is read whole before it is written.
+  check_no_overlap(op, "result", out, out_stride, "input", input, input_stride,
+                   /*in_place=*/true);
+  check_no_overlap(op, "result", out, out_stride, "weight", weight, weight.numel(),
+                   /*in_place=*/false);
   const layernorm::RmsNormProblem p{out.data_ptr(),
                                     input.data_ptr(),
                                     weight.data_ptr(),
                                     rows,
                                     input.size(-1),
-                                    row_stride(op, "result", out),
-                                    row_stride(op, "input", input),
+                                    out_stride,
+                                    input_stride,
                                     static_cast<float>(epsilon),
                                     kernel_dtype(op, "input", input)};
   if (rows == 0 || p.hidden == 0) return;
@@ -69,13 +84,25 @@ void fused_add_rms_norm(at::Tensor& input, at::Tensor& residual, const at::Tenso
                         double epsilon) {
   const char* op = "fused_add_rms_norm";
   const int64_t rows = check_norm_inputs(op, "residual", residual, input, weight, epsilon);
+  const int64_t input_stride = row_stride(op, "input", input);
+  const int64_t residual_stride = row_stride(op, "residual", residual);
+  // Both are written (input <- the normalized sum, residual <- the sum): they must be apart.
+  check_rows_distinct(op, "input", input, input_stride);
+  check_rows_distinct(op, "residual", residual, residual_stride);
+  check_no_overlap(op, "input", input, input_stride, "residual", residual, residual_stride,
+                   /*in_place=*/false);
+  for (const auto& [name, t, stride] :
+       {std::tuple<const char*, const at::Tensor*, int64_t>{"input", &input, input_stride},
+        {"residual", &residual, residual_stride}}) {
+    check_no_overlap(op, name, *t, stride, "weight", weight, weight.numel(), /*in_place=*/false);
+  }
   const layernorm::FusedAddRmsNormProblem p{input.data_ptr(),
                                             residual.data_ptr(),
                                             weight.data_ptr(),
                                             rows,
                                             input.size(-1),
-                                            row_stride(op, "input", input),
-                                            row_stride(op, "residual", residual),
+                                            input_stride,
+                                            residual_stride,
                                             static_cast<float>(epsilon),
                                             kernel_dtype(op, "input", input)};
   if (rows == 0 || p.hidden == 0) return;

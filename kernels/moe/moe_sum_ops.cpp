@@ -26,6 +26,15 @@ void moe_sum(const at::Tensor& input, at::Tensor& output) {
   check_same_device(op, "output", output, input);
   check_last_dim_contiguous(op, "input", input);
   check_last_dim_contiguous(op, "output", output);
+  check_rows_distinct(op, "output", output, output.stride(0));
+  if (input.numel() > 0 && input.stride(1) >= 0) {
+    // A token's rows of input as one row of their span (exact when output is a separate tensor).
+    const int64_t span = (topk - 1) * input.stride(1) + hidden;
+    const at::Tensor input_rows =
+        input.as_strided({num_tokens, span}, {input.stride(0), 1}, input.storage_offset());
+    check_no_overlap(op, "output", output, output.stride(0), "input", input_rows, input.stride(0),
+                     /*in_place=*/false);
+  }
   const moe::MoeSumProblem p{output.data_ptr(), input.data_ptr(), num_tokens,      topk, hidden,
                              output.stride(0),  input.stride(0),  input.stride(1), dtype};
   if (num_tokens == 0 || hidden == 0) return;

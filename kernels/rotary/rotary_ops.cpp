@@ -6,6 +6,7 @@
 #include <ATen/MemoryOverlap.h>
 
 #include <optional>
+#include <tuple>
 
 #include "common/torch_binding.h"
 #if defined(APHRODITE_BACKEND_CPU) && APHRODITE_FAMILY_BUILT
@@ -22,6 +23,7 @@ constexpr const char* kOp = "rotary_embedding";
 /// Stride of the first `dims` dimensions of t collapsed into one token dimension; they must
 /// collapse (as for contiguous tensors and slices of later dimensions). 0 for at most one token.
 int64_t token_stride(const char* arg, const at::Tensor& t, int64_t dims) {
+  if (t.numel() == 0) return 0;  // no tokens (or empty heads) to lay out
   int64_t stride = 0;
   int64_t expected = -1;
   for (int64_t d = dims - 1; d >= 0; --d) {
@@ -126,18 +128,34 @@ void rotary_embedding(const at::Tensor& positions, at::Tensor& query,
   }
   TORCH_CHECK(q.heads + k.heads <= INT32_MAX, kOp, ": at most 2^31 - 1 heads, got ",
               q.heads + k.heads);
+  const int64_t num_tokens = positions.numel();
   // Updating in place through aliased elements would race (GPU) or rotate twice.
-  TORCH_CHECK(at::has_internal_overlap(query) != at::MemOverlap::Yes, kOp,
-              ": query has elements that share memory");
-  if (key.has_value()) {
-    TORCH_CHECK(at::has_internal_overlap(*key) != at::MemOverlap::Yes, kOp,
-                ": key has elements that share memory");
-    const at::MemOverlapStatus overlap = at::get_overlap_status(query, *key);
-    TORCH_CHECK(overlap != at::MemOverlapStatus::Full && overlap != at::MemOverlapStatus::Partial,
-                kOp, ": query and key must not share memory");
+  for (const auto& [arg, t, l] :
+       {std::tuple<const char*, const at::Tensor*, const HeadsLayout*>{"query", &query, &q},
+        {"key", key.has_value() ? &*key : nullptr, &k}}) {
+    if (t == nullptr || t->numel() == 0) continue;
+    TORCH_CHECK(at::has_internal_overlap(*t) != at::MemOverlap::Yes &&
+                    (l->heads <= 1 || l->head_stride >= head_size),
+                kOp, ": ", arg, " has elements that share memory (sizes ", t->sizes(), ", strides ",
+                t->strides(), ")");
+  }
+  if (key.has_value() && query.numel() > 0 && key->numel() > 0) {
+    if ((q.heads <= 1 || q.head_stride == head_size) &&
+        (k.heads <= 1 || k.head_stride == head_size)) {
+      // Tokens as rows of contiguous heads: exact for slices of one qkv projection.
+      const at::Tensor q_rows = query.as_strided({num_tokens, q.heads * head_size},
+                                                 {q.token_stride, 1}, query.storage_offset());
+      const at::Tensor k_rows = key->as_strided({num_tokens, k.heads * head_size},
+                                                {k.token_stride, 1}, key->storage_offset());
+      TORCH_CHECK(!rows_overlap(q_rows, q.token_stride, k_rows, k.token_stride), kOp,
+                  ": query and key must not share memory");
+    } else {
+      const at::MemOverlapStatus overlap = at::get_overlap_status(query, *key);
+      TORCH_CHECK(overlap != at::MemOverlapStatus::Full && overlap != at::MemOverlapStatus::Partial,
+                  kOp, ": query and key must not share memory");
+    }
   }
 
-  const int64_t num_tokens = positions.numel();
   const int64_t positions_stride = token_stride("positions", positions, positions.dim());
   const rotary::RotaryProblem p{positions.data_ptr(),
                                 query.data_ptr(),

@@ -120,9 +120,44 @@ def test_rejects_bad_input(device, bad, match):
 
 
 def test_empty_is_a_no_op(device):
-    x = torch.randn(0, 16, device=device)
-    out = torch.empty(0, 8, device=device)
-    _op("silu_and_mul")(out, x)
+    for shape in [(0, 16), (2, 0, 16), (0, 3, 16)]:
+        x = torch.randn(*shape, device=device)
+        out = torch.empty(*shape[:-1], 8, device=device)
+        _op("silu_and_mul")(out, x)
+
+
+def test_out_in_place_over_the_first_half_of_input(device):
+    # Each element of out is read (as x) before it is written, by the one thread that writes
+    # it: out = input[..., :d] is allowed, and correct.
+    x = torch.randn(16, 512, device=device)
+    ref = act_and_mul_ref("silu_and_mul", x)
+    _op("silu_and_mul")(x[:, :256], x)
+    atol, rtol = TOL[torch.float32]
+    torch.testing.assert_close(x[:, :256], ref, atol=atol, rtol=rtol)
+
+
+@pytest.mark.parametrize(
+    "make_out, match",
+    [
+        (lambda x: x[:, 1:257], "out shares memory with input"),  # overlaps x and gate
+        (lambda x: x[:, 256:], "out shares memory with input"),  # the gate half
+        (lambda x: x.view(-1)[8:].view(-1)[: 16 * 256].view(16, 256), "shares memory"),
+        (lambda x: torch.empty(1, 256, device=x.device).expand(16, 256), "rows that share"),
+    ],
+)
+def test_out_that_would_read_what_it_wrote_is_rejected(device, make_out, match):
+    x = torch.randn(16, 512, device=device)
+    with pytest.raises(RuntimeError, match=match):
+        _op("silu_and_mul")(make_out(x), x)
+
+
+def test_meta_beside_real_tensors_is_rejected(device):
+    # A meta tensor sends the call to the fake kernel, which would return without computing.
+    out = torch.full((4, 4), 123.0, device=device)
+    with pytest.raises(RuntimeError, match="meta"):
+        _op("silu_and_mul")(out, torch.randn(4, 8, device="meta"))
+    assert (out == 123.0).all()
+    _op("silu_and_mul")(torch.empty(4, 4, device="meta"), torch.empty(4, 8, device="meta"))
 
 
 @pytest.mark.parametrize("name", OPS)

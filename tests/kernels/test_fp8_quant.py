@@ -338,6 +338,9 @@ def _call(op, out, x, scale, ub=None):
         (lambda o, x, s: (o, x, s.half()), "scale must be Float"),
         (lambda o, x, s: (o, x, torch.cat([s, s])), "scale must be a contiguous float32 tensor"),
         (lambda o, x, s: (o.t(), x.t(), s), "contiguous in its last dimension"),
+        # result over input's own bytes, and rows of result over each other
+        (lambda o, x, s: (x.view(FP8_DTYPE)[:, :64], x, s), "result shares memory with input"),
+        (lambda o, x, s: (o[:1].expand(4, 64), x, s), "rows that share memory"),
     ],
 )
 def test_rejects_bad_input(device, op, bad, match):

@@ -65,6 +65,56 @@ def test_rejects_bad_input(device, bad, match):
         torch.ops._C.rms_norm(*bad(torch.empty_like(x), x, w))
 
 
+def test_empty_inputs_are_a_no_op(device):
+    for shape in [(0, 64), (2, 0, 64), (0, 3, 64)]:
+        x = torch.randn(*shape, device=device)
+        w = torch.randn(64, device=device)
+        torch.ops._C.rms_norm(torch.empty_like(x), x, w, 1e-6)
+        torch.ops._C.fused_add_rms_norm(x, torch.randn_like(x), w, 1e-6)
+
+
+def test_rms_norm_in_place(device):
+    # A row is read whole before it is written: result may be input itself.
+    x = torch.randn(37, 769, device=device)
+    w = torch.randn(769, device=device)
+    ref = rms_norm_ref(x, w, 1e-6)
+    torch.ops._C.rms_norm(x, x, w, 1e-6)
+    atol, rtol = TOL[torch.float32]
+    torch.testing.assert_close(x, ref, atol=atol, rtol=rtol)
+
+
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        # Both arguments are written: the same tensor, or rows over each other, would mix them.
+        (lambda x, w: torch.ops._C.fused_add_rms_norm(x, x, w, 1e-6), "input shares memory"),
+        (
+            lambda x, w: torch.ops._C.fused_add_rms_norm(x[:8], x[4:12], w, 1e-6),
+            "input shares memory with residual",
+        ),
+        (
+            lambda x, w: torch.ops._C.rms_norm(x[1:], x[:-1], w, 1e-6),
+            "result shares memory with input",
+        ),
+        (
+            lambda x, w: torch.ops._C.rms_norm(
+                torch.zeros(1, 64, device=x.device).expand(16, 64), x, w, 1e-6
+            ),
+            "rows that share memory",
+        ),
+        (
+            lambda x, w: torch.ops._C.rms_norm(x[:1], x[1:2], x[0], 1e-6),
+            "result shares memory with weight",
+        ),
+    ],
+)
+def test_outputs_that_overlap_are_rejected(device, call, match):
+    x = torch.randn(16, 64, device=device)
+    w = torch.randn(64, device=device)
+    with pytest.raises(RuntimeError, match=match):
+        call(x, w)
+
+
 def test_opcheck(device):
     x = torch.randn(5, 83, device=device)
     w = torch.randn(83, device=device)

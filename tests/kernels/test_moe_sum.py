@@ -79,6 +79,8 @@ def test_large_values_accumulate_in_fp32(device, dtype):
         (lambda x, o: (x.int(), o.int()), "input must be float32, float16 or bfloat16"),
         (lambda x, o: (x.transpose(1, 2).contiguous().transpose(1, 2), o), "contiguous"),
         (lambda x, o: (x, o.t().contiguous().t()), "output must be contiguous"),
+        (lambda x, o: (x, x.view(4, -1)[:, 5:69]), "output shares memory with input"),
+        (lambda x, o: (x, o[:1].expand(4, 64)), "rows that share memory"),
     ],
 )
 def test_rejects_bad_input(device, bad, match):

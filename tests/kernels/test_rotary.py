@@ -209,7 +209,19 @@ def _bad_inputs():
         (edit(head_size=lambda d: 0), "head_size must be positive"),
         (edit(key=lambda d: d["query"]), "query and key must not share memory"),
         (edit(query=lambda d: d["query"][:1].expand(7, -1)), "query has elements that share"),
+        # Heads 32 elements apart, 64 long: each head overlaps the next.
+        (
+            edit(query=lambda d: d["query"].as_strided((7, 4, 64), (256, 32, 1))),
+            "query has elements that share",
+        ),
+        # Slices of one buffer whose columns 192..255 would rotate twice.
+        (overlapping_slices, "query and key must not share memory"),
     ]
+
+
+def overlapping_slices(d):
+    qk = torch.randn(7, 320, dtype=d["query"].dtype, device=d["query"].device)
+    return {**d, "query": qk[:, :256], "key": qk[:, 192:]}
 
 
 _BASE, _BAD = _bad_inputs()
@@ -220,6 +232,15 @@ def test_rejects_bad_input(device, bad, match):
     args = bad(_BASE(device))
     with pytest.raises(RuntimeError, match=match):
         torch.ops._C.rotary_embedding(*args.values())
+
+
+def test_empty_inputs_are_a_no_op(device):
+    cache = make_cache(50, 32, torch.float16, device)
+    for shape in [(0,), (2, 0), (0, 3)]:
+        positions = torch.zeros(shape, dtype=torch.int64, device=device)
+        query = torch.randn(*shape, 4 * 64, dtype=torch.float16, device=device)
+        key = torch.randn(*shape, 2, 64, dtype=torch.float16, device=device)
+        torch.ops._C.rotary_embedding(positions, query, key, 64, cache, True)
 
 
 def test_opcheck(device):
