@@ -99,6 +99,12 @@ cache::ReshapeAndCacheProblem check_reshape_inputs(
   }
 
   const int64_t num_kv_heads = key.size(1), head_size = key.size(2);
+#if defined(APHRODITE_BACKEND_GPU)
+  // The GPU kernel's grid has a block row per kv head (at most 65535) and 32-bit item counts.
+  TORCH_CHECK(num_kv_heads <= 65535 && head_size <= (int64_t{1} << 20), op,
+              ": at most 65535 kv heads and a head_size of 2^20 on the GPU, got ", num_kv_heads,
+              " and ", head_size);
+#endif
   cache::ReshapeAndCacheProblem p{};
   p.key = key.data_ptr();
   p.value = value.data_ptr();
@@ -130,6 +136,8 @@ cache::ReshapeAndCacheProblem check_reshape_inputs(
                 "block_size], got ",
                 key_cache.sizes(), " and ", value_cache.sizes());
     const int64_t num_blocks = key_cache.size(0), block_size = key_cache.size(3);
+    TORCH_CHECK(block_size > 0, op, ": block_size (dimension 3 of key_cache ", key_cache.sizes(),
+                ") must be positive");
     TORCH_CHECK(key_cache.size(1) == num_kv_heads && key_cache.size(2) == head_size / x &&
                     key_cache.size(4) == x,
                 op, ": key_cache must be [num_blocks, ", num_kv_heads, ", ", head_size / x,
@@ -165,6 +173,8 @@ cache::ReshapeAndCacheProblem check_reshape_inputs(
     TORCH_CHECK(value_cache.sizes() == key_cache.sizes(), op,
                 ": value_cache must have the shape of key_cache ", key_cache.sizes(), ", got ",
                 value_cache.sizes());
+    TORCH_CHECK(key_cache.size(1) > 0, op, ": block_size (dimension 1 of key_cache ",
+                key_cache.sizes(), ") must be positive");
     check_last_dim_contiguous(op, "key_cache", key_cache);
     check_last_dim_contiguous(op, "value_cache", value_cache);
     p.block_size = key_cache.size(1);
@@ -176,7 +186,11 @@ cache::ReshapeAndCacheProblem check_reshape_inputs(
     p.value_cache_slot_stride = value_cache.stride(1);
     p.value_cache_head_stride = value_cache.stride(2);
   }
-  TORCH_CHECK(p.block_size > 0, op, ": block_size must be positive");
+  // Views of one kv tensor ([2, ...] or [num_blocks, 2, ...]) are fine; the same memory twice
+  // would have the values overwrite the keys.
+  TORCH_CHECK(key_cache.numel() == 0 || key_cache.data_ptr() != value_cache.data_ptr(), op,
+              ": key_cache and value_cache are the same memory; pass the key and value halves "
+              "of the cache");
   return p;
 }
 
@@ -222,9 +236,11 @@ void reshape_and_cache_flash(const at::Tensor& key, const at::Tensor& value, at:
 }
 
 /// Checks an int64 [num_pairs, 2] block mapping; where it is on the CPU, also that its blocks
-/// exist (src < src_blocks, dst < dst_blocks).
+/// exist (src < src_blocks, dst < dst_blocks), that no block is written twice (the copies run
+/// concurrently), and, where `in_one_cache` (source and destination blocks are the same
+/// memory), that no block written is read by another row.
 void check_block_mapping(const char* op, const at::Tensor& mapping, int64_t src_blocks,
-                         int64_t dst_blocks) {
+                         int64_t dst_blocks, bool in_one_cache) {
   TORCH_CHECK(mapping.scalar_type() == at::kLong, op, ": block_mapping must be int64, got ",
               mapping.scalar_type());
   TORCH_CHECK(mapping.dim() == 2 && mapping.size(1) == 2 && mapping.is_contiguous(), op,
@@ -238,6 +254,20 @@ void check_block_mapping(const char* op, const at::Tensor& mapping, int64_t src_
         m[2 * i] >= 0 && m[2 * i] < src_blocks && m[2 * i + 1] >= 0 && m[2 * i + 1] < dst_blocks,
         op, ": block_mapping row ", i, " (", m[2 * i], ", ", m[2 * i + 1],
         ") names a block outside [0, ", src_blocks, ") -> [0, ", dst_blocks, ")");
+  }
+  std::vector<int64_t> dsts(static_cast<size_t>(mapping.size(0)));
+  for (int64_t i = 0; i < mapping.size(0); ++i) dsts[i] = m[2 * i + 1];
+  std::sort(dsts.begin(), dsts.end());
+  const auto twice = std::adjacent_find(dsts.begin(), dsts.end());
+  TORCH_CHECK(twice == dsts.end(), op, ": block_mapping writes block ",
+              twice == dsts.end() ? 0 : *twice,
+              " more than once; each destination block may appear once");
+  if (!in_one_cache) return;
+  for (int64_t i = 0; i < mapping.size(0); ++i) {
+    TORCH_CHECK(m[2 * i] == m[2 * i + 1] || !std::binary_search(dsts.begin(), dsts.end(), m[2 * i]),
+                op, ": block_mapping row ", i, " reads block ", m[2 * i],
+                ", which another row writes; the copies run concurrently, so a block may be a "
+                "source or a destination, not both (copy in two calls)");
   }
 }
 
@@ -257,7 +287,7 @@ void copy_blocks(const std::vector<at::Tensor>& key_caches,
               " key caches but ", value_caches.size(), " value caches (one of each per layer)");
   const int64_t num_layers = static_cast<int64_t>(key_caches.size());
   if (num_layers == 0) {
-    check_block_mapping(op, block_mapping, 0, 0);
+    check_block_mapping(op, block_mapping, 0, 0, /*in_one_cache=*/true);
     return;
   }
   const at::Tensor& k0 = key_caches[0];
@@ -279,7 +309,7 @@ void copy_blocks(const std::vector<at::Tensor>& key_caches,
                   "] must be contiguous, got strides ", t.strides());
     }
   }
-  check_block_mapping(op, block_mapping, num_blocks, num_blocks);
+  check_block_mapping(op, block_mapping, num_blocks, num_blocks, /*in_one_cache=*/true);
   const int64_t num_pairs = block_mapping.size(0);
   if (num_pairs == 0) return;
 
@@ -313,6 +343,8 @@ void copy_blocks(const std::vector<at::Tensor>& key_caches,
   });
 #else
   TORCH_CHECK(k0.is_cuda(), op, ": the caches must be on the GPU, got ", k0.device());
+  TORCH_CHECK(num_layers <= 65535, op, ": at most 65535 layers a call on the GPU, got ",
+              num_layers);
   TORCH_CHECK(block_mapping.is_cpu() || block_mapping.device() == k0.device(), op,
               ": block_mapping must be on the CPU or on the caches' device ", k0.device(), ", got ",
               block_mapping.device());
@@ -339,7 +371,9 @@ void swap_blocks(const at::Tensor& src, at::Tensor& dst, const at::Tensor& block
               " and ", dst.strides());
   TORCH_CHECK(block_mapping.is_cpu(), op, ": block_mapping must be on the CPU, got ",
               block_mapping.device());
-  check_block_mapping(op, block_mapping, src.size(0), dst.size(0));
+  check_block_mapping(op, block_mapping, src.size(0), dst.size(0),
+                      /*in_one_cache=*/src.numel() > 0 && dst.numel() > 0 &&
+                          src.storage().is_alias_of(dst.storage()));
   const int64_t num_pairs = block_mapping.size(0);
   const int64_t elem = src.element_size();
   const int64_t block_bytes = src.size(0) == 0 ? 0 : src.numel() / src.size(0) * elem;

@@ -402,6 +402,54 @@ def test_rejects_bad_fp8_scale_and_flash_layout(device):
         torch.ops._C.reshape_and_cache_flash(key, value, kf[:, :, :1], vf, slots, "auto", one, one)
 
 
+def test_rejects_caches_that_are_one_memory_or_have_no_slots(device):
+    key, value, key_cache, value_cache, slots, _, one, _ = _reshape_args(device)
+    kf, vf = flash_caches(4, 2, 64, 16, torch.float16, device)
+    with pytest.raises(RuntimeError, match="key_cache and value_cache are the same memory"):
+        torch.ops._C.reshape_and_cache_flash(key, value, kf, kf, slots, "auto", one, one)
+    # The halves of one [2, ...] or [num_blocks, 2, ...] tensor are fine.
+    kv = torch.zeros(4, 2, 16, 2, 64, dtype=torch.float16, device=device)
+    slots = torch.tensor([0, 1, 2, -1, 40], device=device)
+    torch.ops._C.reshape_and_cache_flash(key, value, kv[:, 0], kv[:, 1], slots, "auto", one, one)
+    ref_k, ref_v = reshape_and_cache_ref(
+        key, value, torch.zeros_like(kv[:, 0]), torch.zeros_like(kv[:, 1]), slots, flash=True
+    )
+    assert_bits_equal(kv[:, 0], ref_k)
+    assert_bits_equal(kv[:, 1], ref_v)
+    empty_k = torch.zeros(4, 2, 8, 0, 8, dtype=torch.float16, device=device)
+    empty_v = torch.zeros(4, 2, 64, 0, dtype=torch.float16, device=device)
+    with pytest.raises(RuntimeError, match=r"block_size \(dimension 3 of key_cache"):
+        torch.ops._C.reshape_and_cache(key, value, empty_k, empty_v, slots, "auto", one, one)
+
+
+def test_block_copies_that_would_race_are_rejected(device):
+    # The copies of a call run concurrently: a block written twice, or written by one row and
+    # read by another, would give an order-dependent result.
+    layers = [paged_caches(4, 2, 64, 16, torch.float16, device) for _ in range(2)]
+    kcs, vcs = [k for k, _ in layers], [v for _, v in layers]
+    with pytest.raises(RuntimeError, match="reads block 1, which another row writes"):
+        torch.ops._C.copy_blocks(kcs, vcs, torch.tensor([[0, 1], [1, 2]]))
+    with pytest.raises(RuntimeError, match="writes block 3 more than once"):
+        torch.ops._C.copy_blocks(kcs, vcs, torch.tensor([[0, 3], [1, 3]]))
+    # One source to several destinations is fine.
+    mapping = torch.tensor([[0, 2], [0, 3]])
+    ref_k, ref_v = copy_blocks_ref(kcs, vcs, mapping)
+    torch.ops._C.copy_blocks(kcs, vcs, mapping)
+    for got, ref in zip(kcs + vcs, ref_k + ref_v, strict=True):
+        assert_bits_equal(got, ref)
+    t = poisoned((6, 2, 64, 16), torch.float16, device)
+    with pytest.raises(RuntimeError, match="reads block 0, which another row writes"):
+        torch.ops._C.swap_blocks(t, t, torch.tensor([[0, 1], [1, 0]]))
+    with pytest.raises(RuntimeError, match="writes block 5 more than once"):
+        torch.ops._C.swap_blocks(
+            t, poisoned((6, 2, 64, 16), torch.float16, device), torch.tensor([[0, 5], [1, 5]])
+        )
+    mapping = torch.tensor([[0, 4], [1, 5]])
+    ref = swap_blocks_ref(t, t.clone(), mapping)
+    torch.ops._C.swap_blocks(t, t, mapping)
+    assert_bits_equal(t, ref)
+
+
 def test_rejects_out_of_range_slot_on_cpu(device):
     if device != "cpu":
         pytest.skip("the GPU kernels skip such slots instead (checking would synchronise)")
