@@ -81,8 +81,12 @@ Checked check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
                   paged};
   TORCH_CHECK(k.size(kv_dim + 1) == c.head_dim, kOp, ": k and v must have q's head_dim ",
               c.head_dim, ", got ", k.size(kv_dim + 1));
-  TORCH_CHECK(c.kv_heads > 0 && c.heads % c.kv_heads == 0, kOp, ": num_kv_heads (", c.kv_heads,
-              ") must divide num_heads (", c.heads, ")");
+  TORCH_CHECK(c.kv_heads > 0 && c.heads > 0 && c.heads % c.kv_heads == 0, kOp, ": num_kv_heads (",
+              c.kv_heads, ") must divide num_heads (", c.heads, "), both positive");
+  // The launch's grid: (query tiles, num_heads, batch); y and z are at most 65535.
+  TORCH_CHECK(c.heads <= 65535 && c.batch <= 65535, kOp,
+              ": at most 65535 heads and 65535 sequences a call, got ", c.heads, " and ", c.batch,
+              " (split the batch)");
   check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q);
   check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, q);
   TORCH_CHECK(cu_seqlens_k.size(0) == cu_seqlens_q.size(0), kOp,
@@ -215,10 +219,17 @@ std::tuple<at::Tensor, at::Tensor> varlen_fwd(
 // result is written there and the first output is empty (a custom op may not return an alias
 // of an input).
 std::tuple<at::Tensor, at::Tensor> varlen_fwd_fake(
-    const at::Tensor& q, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>& out,
-    const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
-    const std::optional<at::Tensor>&, int64_t, int64_t, double, bool, int64_t, int64_t, double,
-    bool return_softmax_lse) {
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const std::optional<at::Tensor>& out, const at::Tensor& cu_seqlens_q,
+    const at::Tensor& cu_seqlens_k, const std::optional<at::Tensor>& seqused_k,
+    const std::optional<at::Tensor>& block_table, int64_t, int64_t, double, bool, int64_t, int64_t,
+    double, bool return_softmax_lse) {
+  for (const at::Tensor* t : {&q, &k, &v, &cu_seqlens_q, &cu_seqlens_k}) {
+    detail::check_meta_call("varlen_fwd", *t);
+  }
+  for (const std::optional<at::Tensor>* t : {&out, &seqused_k, &block_table}) {
+    detail::check_meta_call("varlen_fwd", *t);
+  }
   at::Tensor result =
       out.has_value() ? at::empty({0}, q.options()) : at::empty_symint(q.sym_sizes(), q.options());
   std::vector<c10::SymInt> lse_shape{c10::SymInt(0), c10::SymInt(0)};

@@ -52,13 +52,6 @@ at::Tensor run_repack(const char* op, const at::Tensor& in, const at::Tensor& pe
 #if APHRODITE_FAMILY_BUILT
 #if defined(APHRODITE_BACKEND_CPU)
   TORCH_CHECK(cpu::active_isa().error.empty(), op, ": ", cpu::active_isa().error);
-  if (perm.defined()) {
-    const int32_t* q = perm.data_ptr<int32_t>();
-    for (int64_t i = 0; i < size_k; ++i) {
-      TORCH_CHECK(q[i] >= 0 && q[i] < size_k, op, ": perm[", i, "] = ", q[i],
-                  " is not a row index in [0, ", size_k, ")");
-    }
-  }
   at::parallel_for(0, out.numel(), 4096, [&](int64_t begin, int64_t end) {
     APHRODITE_CPU_CALL(marlin_repack, p, begin, end);
   });
@@ -84,6 +77,17 @@ at::Tensor gptq_marlin_repack(const at::Tensor& b_q_weight, const at::Tensor& pe
                 ": perm must be empty or have shape [", size_k, "], got ", perm.sizes());
     TORCH_CHECK(perm.scalar_type() == at::kInt || perm.scalar_type() == at::kLong, op,
                 ": perm must be int32 or int64, got ", perm.scalar_type());
+    // A row index out of range would read past the weights, on every backend; checked before
+    // the int32 narrowing (which would wrap 2^32 to 0). A repack runs once a layer, at load
+    // time: the synchronisation of these checks is cheap there.
+    const at::Tensor bad = at::logical_or(perm < 0, perm >= size_k);
+    if (bad.any().item<bool>()) {
+      const int64_t i = bad.nonzero()[0][0].item<int64_t>();
+      TORCH_CHECK(false, op, ": perm[", i, "] = ", perm[i].item<int64_t>(),
+                  " is not a row index in [0, ", size_k, ")");
+    }
+    TORCH_CHECK(std::get<0>(perm.sort()).equal(at::arange(size_k, perm.options())), op,
+                ": perm must be a permutation of [0, ", size_k, "): some row appears twice");
     perm32 = perm.to(at::kInt).contiguous();
   }
   return run_repack(op, b_q_weight, perm32, size_k, size_n, marlin::SourceFormat::kGptq);
@@ -328,6 +332,10 @@ at::Tensor gptq_marlin_gemm(
               "by its generator options (APHRODITE_GENERATOR_OPTIONS marlin.dtypes=..., "
               "marlin.weights=..., marlin.groups=...)");
   const marlin::GemmPlan plan = plan_for(op, p);
+  // The grid's rows of blocks (y) are at most 65535.
+  const int64_t block_rows = 16 * static_cast<int64_t>(plan.shape.m_tiles);
+  TORCH_CHECK((size_m + block_rows - 1) / block_rows <= 65535, op, ": size_m ", size_m,
+              " is more than 65535 blocks of ", block_rows, " rows; split the call along M");
   at::Tensor partials;
   if (plan.partial_floats > 0) {
     partials = at::empty({plan.partial_floats}, a.options().dtype(at::kFloat));
@@ -344,8 +352,10 @@ at::Tensor repack_fake(const at::Tensor& b_q_weight, const c10::SymInt& size_k,
   return at::empty_symint({size_k / marlin::kTileK, size_n * 2}, b_q_weight.options());
 }
 
-at::Tensor gptq_marlin_repack_fake(const at::Tensor& b_q_weight, const at::Tensor&,
+at::Tensor gptq_marlin_repack_fake(const at::Tensor& b_q_weight, const at::Tensor& perm,
                                    c10::SymInt size_k, c10::SymInt size_n, int64_t) {
+  for (const at::Tensor* t : {&b_q_weight, &perm})
+    detail::check_meta_call("gptq_marlin_repack", *t);
   return repack_fake(b_q_weight, size_k, size_n);
 }
 
@@ -354,13 +364,22 @@ at::Tensor awq_marlin_repack_fake(const at::Tensor& b_q_weight, c10::SymInt size
   return repack_fake(b_q_weight, size_k, size_n);
 }
 
-at::Tensor gptq_marlin_gemm_fake(const at::Tensor& a, const std::optional<at::Tensor>&,
-                                 const at::Tensor&, const std::optional<at::Tensor>&,
-                                 const at::Tensor&, const std::optional<at::Tensor>&,
-                                 const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
-                                 const std::optional<at::Tensor>&, const at::Tensor&, int64_t,
-                                 c10::SymInt size_m, c10::SymInt size_n, c10::SymInt, bool, bool,
-                                 bool, bool) {
+at::Tensor gptq_marlin_gemm_fake(const at::Tensor& a, const std::optional<at::Tensor>& c,
+                                 const at::Tensor& b_q_weight,
+                                 const std::optional<at::Tensor>& bias, const at::Tensor& scales,
+                                 const std::optional<at::Tensor>& global,
+                                 const std::optional<at::Tensor>& zeros,
+                                 const std::optional<at::Tensor>& g_idx,
+                                 const std::optional<at::Tensor>& perm, const at::Tensor& workspace,
+                                 int64_t, c10::SymInt size_m, c10::SymInt size_n, c10::SymInt, bool,
+                                 bool, bool, bool) {
+  const char* op = "gptq_marlin_gemm";
+  for (const at::Tensor* t : {&a, &b_q_weight, &scales, &workspace}) {
+    detail::check_meta_call(op, *t);
+  }
+  for (const std::optional<at::Tensor>* t : {&c, &bias, &global, &zeros, &g_idx, &perm}) {
+    detail::check_meta_call(op, *t);
+  }
   return at::empty_symint({std::move(size_m), std::move(size_n)}, a.options());
 }
 

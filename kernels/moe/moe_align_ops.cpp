@@ -30,8 +30,8 @@ void moe_align_block_size(const at::Tensor& topk_ids, int64_t num_experts, int64
   TORCH_CHECK(topk_ids.is_contiguous(), op, ": topk_ids must be contiguous");
   TORCH_CHECK(num_experts >= 1 && num_experts <= moe::kAlignMaxExperts, op,
               ": num_experts must be in [1, ", moe::kAlignMaxExperts, "], got ", num_experts);
-  TORCH_CHECK(block_size >= 1 && block_size <= INT32_MAX, op, ": block_size must be >= 1, got ",
-              block_size);
+  TORCH_CHECK(block_size >= 1 && block_size <= INT32_MAX, op, ": block_size must be in [1, ",
+              INT32_MAX, "], got ", block_size);
   const int64_t numel = topk_ids.numel();
   const int64_t required = moe::align_required_capacity(numel, num_experts, block_size);
   TORCH_CHECK(required <= INT32_MAX, op, ": num_tokens * topk + min(that, num_experts) * ",

@@ -274,9 +274,21 @@ def test_repack_bad_inputs(device):
         torch.ops._C.awq_marlin_repack(marlin.pack_awq(random_codes(k, n, device)), k, n, 8)
     with pytest.raises(RuntimeError, match="AWQ qweight"):
         torch.ops._C.awq_marlin_repack(q, k, n, 4)
-    if device == "cpu":  # checked on the host; on the GPU a bad index reads as code 0
-        with pytest.raises(RuntimeError, match="is not a row index"):
-            op(q, torch.full((k,), k, dtype=torch.int32, device=device), k, n, 4)
+    # perm is checked on every backend (a repack runs once, at load time), before the int32
+    # narrowing that would wrap 2^32 to row 0.
+    with pytest.raises(RuntimeError, match="is not a row index"):
+        op(q, torch.full((k,), k, dtype=torch.int32, device=device), k, n, 4)
+    far = torch.arange(k, device=device)
+    far[0] = 2**32
+    with pytest.raises(RuntimeError, match=r"perm\[0\] = 4294967296 is not a row index"):
+        op(q, far, k, n, 4)
+    twice = torch.arange(k, dtype=torch.int32, device=device)
+    twice[1] = 0
+    with pytest.raises(RuntimeError, match="must be a permutation"):
+        op(q, twice, k, n, 4)
+    # A meta tensor beside real ones would return an uninitialised result.
+    with pytest.raises(RuntimeError, match="meta"):
+        op(q, torch.arange(k, device="meta"), k, n, 4)
 
 
 def test_repack_opcheck(device):

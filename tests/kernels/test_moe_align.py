@@ -189,7 +189,7 @@ def _bad_call(device, **over):
         ),
         (dict(num_experts=0), r"num_experts must be in \[1, 4096\]"),
         (dict(num_experts=5000), r"num_experts must be in \[1, 4096\]"),
-        (dict(block_size=0), "block_size must be >= 1"),
+        (dict(block_size=0), r"block_size must be in \[1, 2147483647\]"),
         (dict(sorted_token_ids=torch.empty(31, dtype=torch.int32)), "at least .* = 32"),
         (dict(sorted_token_ids=torch.empty(32, dtype=torch.int64)), "sorted_token_ids must be"),
         (dict(experts_ids=torch.empty(7, dtype=torch.int32)), "experts_ids must hold at least"),
