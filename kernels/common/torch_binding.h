@@ -90,35 +90,42 @@ inline void check_rows_distinct(const char* op, const char* arg, const at::Tenso
               "); pass a tensor whose rows are distinct, e.g. a new or .contiguous() one");
 }
 
-/// Whether the [rows, last] views of a and b (rows `a_stride` / `b_stride` elements apart,
-/// each row contiguous) share a byte. Exact where both rows lie the same number of bytes apart
-/// (slices of one tensor's last dimension: q and k of a qkv projection do not overlap); else
-/// by their byte ranges.
-inline bool rows_overlap(const at::Tensor& a, int64_t a_stride, const at::Tensor& b,
-                         int64_t b_stride) {
-  if (a.numel() == 0 || b.numel() == 0 || a.is_meta() || b.is_meta() || !a.has_storage() ||
-      !b.has_storage() || !a.storage().is_alias_of(b.storage())) {
-    return false;
-  }
-  const int64_t a_rows = a.numel() / a.size(-1), b_rows = b.numel() / b.size(-1);
-  const int64_t a_width = a.size(-1) * a.element_size(), b_width = b.size(-1) * b.element_size();
-  int64_t a_step = a_stride * a.element_size(), b_step = b_stride * b.element_size();
-  if (a_rows == 1) a_step = b_rows == 1 ? std::max(a_width, b_width) : b_step;
-  if (b_rows == 1) b_step = a_step;
-  const int64_t delta = static_cast<int64_t>(reinterpret_cast<uintptr_t>(b.data_ptr()) -
-                                             reinterpret_cast<uintptr_t>(a.data_ptr()));
-  if (a_step == b_step && a_step >= a_width && a_step >= b_width) {
-    // Byte a0 + i S + x (x < a_width) meets b0 + j S + y (y < b_width) where (i - j) S =
-    // delta + y - x: some k = i - j in [-(b_rows - 1), a_rows - 1] with k S in
-    // [delta - a_width + 1, delta + b_width - 1].
-    const int64_t step = a_step;
+/// Memory as rows: `rows` runs of `width` contiguous bytes, `step` bytes apart, from `begin`,
+/// in the allocation `storage` (nullptr: no memory to share, e.g. empty or meta).
+struct ByteRows {
+  const void* storage = nullptr;
+  uintptr_t begin = 0;
+  int64_t rows = 0, width = 0, step = 0;
+};
+
+/// t as row_stride's [rows, last] view, rows `stride` elements apart.
+inline ByteRows byte_rows(const at::Tensor& t, int64_t stride) {
+  if (t.numel() == 0 || t.is_meta() || !t.has_storage()) return {};
+  const int64_t elem = t.element_size();
+  return {t.storage().unsafeGetStorageImpl(), reinterpret_cast<uintptr_t>(t.data_ptr()),
+          t.numel() / t.size(-1), t.size(-1) * elem, stride * elem};
+}
+
+/// Whether two ByteRows share a byte. Exact where both step the same number of bytes (slices
+/// of one tensor's last dimension: q and k of a qkv projection do not overlap); else by their
+/// byte ranges.
+inline bool rows_overlap(ByteRows a, ByteRows b) {
+  if (a.storage == nullptr || a.storage != b.storage) return false;
+  if (a.rows == 1) a.step = b.rows == 1 ? std::max(a.width, b.width) : b.step;
+  if (b.rows == 1) b.step = a.step;
+  const int64_t delta = static_cast<int64_t>(b.begin - a.begin);
+  if (a.step == b.step && a.step >= a.width && a.step >= b.width) {
+    // Byte a0 + i S + x (x < a.width) meets b0 + j S + y (y < b.width) where (i - j) S =
+    // delta + y - x: some k = i - j in [-(b.rows - 1), a.rows - 1] with k S in
+    // [delta - a.width + 1, delta + b.width - 1].
+    const int64_t step = a.step;
     auto floor_div = [](int64_t n, int64_t d) { return n >= 0 ? n / d : -((-n + d - 1) / d); };
-    const int64_t lo = std::max(-floor_div(-(delta - a_width + 1), step), -(b_rows - 1));
-    const int64_t hi = std::min(floor_div(delta + b_width - 1, step), a_rows - 1);
+    const int64_t lo = std::max(-floor_div(-(delta - a.width + 1), step), -(b.rows - 1));
+    const int64_t hi = std::min(floor_div(delta + b.width - 1, step), a.rows - 1);
     return lo <= hi;
   }
-  const int64_t a_end = (a_rows - 1) * a_step + a_width;
-  const int64_t b_end = delta + (b_rows - 1) * b_step + b_width;
+  const int64_t a_end = (a.rows - 1) * a.step + a.width;
+  const int64_t b_end = delta + (b.rows - 1) * b.step + b.width;
   return delta < a_end && 0 < b_end;
 }
 
@@ -132,8 +139,8 @@ inline void check_no_overlap(const char* op, const char* out_name, const at::Ten
       (out_stride == other_stride || out.numel() == out.size(-1))) {
     return;
   }
-  TORCH_CHECK(!rows_overlap(out, out_stride, other, other_stride), op, ": ", out_name,
-              " shares memory with ", other_name,
+  TORCH_CHECK(!rows_overlap(byte_rows(out, out_stride), byte_rows(other, other_stride)), op, ": ",
+              out_name, " shares memory with ", other_name,
               in_place ? " other than as the same rows (in place)" : "",
               "; pass tensors that do not overlap");
 }

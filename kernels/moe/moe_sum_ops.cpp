@@ -27,13 +27,14 @@ void moe_sum(const at::Tensor& input, at::Tensor& output) {
   check_last_dim_contiguous(op, "input", input);
   check_last_dim_contiguous(op, "output", output);
   check_rows_distinct(op, "output", output, output.stride(0));
-  if (input.numel() > 0 && input.stride(1) >= 0) {
+  if (input.numel() > 0 && !input.is_meta()) {
     // A token's rows of input as one row of their span (exact when output is a separate tensor).
-    const int64_t span = (topk - 1) * input.stride(1) + hidden;
-    const at::Tensor input_rows =
-        input.as_strided({num_tokens, span}, {input.stride(0), 1}, input.storage_offset());
-    check_no_overlap(op, "output", output, output.stride(0), "input", input_rows, input.stride(0),
-                     /*in_place=*/false);
+    const int64_t elem = input.element_size();
+    const ByteRows input_rows{
+        input.storage().unsafeGetStorageImpl(), reinterpret_cast<uintptr_t>(input.data_ptr()),
+        num_tokens, ((topk - 1) * input.stride(1) + hidden) * elem, input.stride(0) * elem};
+    TORCH_CHECK(!rows_overlap(byte_rows(output, output.stride(0)), input_rows), op,
+                ": output shares memory with input; pass tensors that do not overlap");
   }
   const moe::MoeSumProblem p{output.data_ptr(), input.data_ptr(), num_tokens,      topk, hidden,
                              output.stride(0),  input.stride(0),  input.stride(1), dtype};

@@ -143,12 +143,14 @@ void rotary_embedding(const at::Tensor& positions, at::Tensor& query,
     if ((q.heads <= 1 || q.head_stride == head_size) &&
         (k.heads <= 1 || k.head_stride == head_size)) {
       // Tokens as rows of contiguous heads: exact for slices of one qkv projection.
-      const at::Tensor q_rows = query.as_strided({num_tokens, q.heads * head_size},
-                                                 {q.token_stride, 1}, query.storage_offset());
-      const at::Tensor k_rows = key->as_strided({num_tokens, k.heads * head_size},
-                                                {k.token_stride, 1}, key->storage_offset());
-      TORCH_CHECK(!rows_overlap(q_rows, q.token_stride, k_rows, k.token_stride), kOp,
-                  ": query and key must not share memory");
+      const int64_t elem = query.element_size();
+      const ByteRows q_rows{query.storage().unsafeGetStorageImpl(),
+                            reinterpret_cast<uintptr_t>(query.data_ptr()), num_tokens,
+                            q.heads * head_size * elem, q.token_stride * elem};
+      const ByteRows k_rows{key->storage().unsafeGetStorageImpl(),
+                            reinterpret_cast<uintptr_t>(key->data_ptr()), num_tokens,
+                            k.heads * head_size * elem, k.token_stride * elem};
+      TORCH_CHECK(!rows_overlap(q_rows, k_rows), kOp, ": query and key must not share memory");
     } else {
       const at::MemOverlapStatus overlap = at::get_overlap_status(query, *key);
       TORCH_CHECK(overlap != at::MemOverlapStatus::Full && overlap != at::MemOverlapStatus::Partial,

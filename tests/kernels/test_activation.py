@@ -151,6 +151,37 @@ def test_out_that_would_read_what_it_wrote_is_rejected(device, make_out, match):
         _op("silu_and_mul")(make_out(x), x)
 
 
+def _addresses(t):
+    """The storage offsets of t's elements."""
+    idx = torch.arange(t.untyped_storage().nbytes() // t.element_size())
+    return set(idx.as_strided(t.shape, t.stride(), t.storage_offset()).flatten().tolist())
+
+
+def test_overlap_check_is_exact_for_slices_of_one_buffer(device):
+    # out and input as column slices (one row stride) of one buffer, at random offsets: the op
+    # runs exactly where they share no element, or where out is input's first half in place.
+    gen = torch.Generator().manual_seed(torch.seed() % 2**31)
+    d = 8
+    for _ in range(60):
+        stride = int(torch.randint(2 * d, 4 * d, (1,), generator=gen))
+        rows = int(torch.randint(1, 5, (1,), generator=gen))
+        buf = torch.randn(rows + 2, stride, device=device)
+        i, o = (int(v) for v in torch.randint(0, stride - 2 * d + 1, (2,), generator=gen))
+        ri, ro = (int(v) for v in torch.randint(0, 2, (2,), generator=gen))
+        x = buf[ri : ri + rows, i : i + 2 * d]
+        out = buf[ro : ro + rows, o : o + d]
+        shared = _addresses(out.cpu()) & _addresses(x.cpu())
+        allowed = not shared or (ri == ro and i == o)
+        if allowed:
+            ref = act_and_mul_ref("silu_and_mul", x)
+            _op("silu_and_mul")(out, x)
+            atol, rtol = TOL[torch.float32]
+            torch.testing.assert_close(out, ref, atol=atol, rtol=rtol)
+        else:
+            with pytest.raises(RuntimeError, match="out shares memory with input"):
+                _op("silu_and_mul")(out, x)
+
+
 def test_meta_beside_real_tensors_is_rejected(device):
     # A meta tensor sends the call to the fake kernel, which would return without computing.
     out = torch.full((4, 4), 123.0, device=device)
