@@ -5,6 +5,7 @@ module that the build plan says was built into the package."""
 import importlib.util
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -67,6 +68,16 @@ class CMakeBuild(build_ext):
         build_dir.mkdir(parents=True, exist_ok=True)
         args = OPTIONS.cmake_configure_args(sys.executable, VERSION)
         stamp = build_dir / "aphrodite_configure_args.json"
+        cache = build_dir / "CMakeCache.txt"
+        if cache.exists():
+            why = build_options.stale_cache_reason(
+                cache.read_text(errors="replace"), OPTIONS.device, sys.executable
+            )
+            if why:
+                # Its cached compilers and torch paths would be used again: configure afresh.
+                print(f"aphrodite_ext: {build_dir} {why}; configuring it afresh")
+                cache.unlink()
+                shutil.rmtree(build_dir / "CMakeFiles", ignore_errors=True)
         if (
             not (build_dir / "CMakeCache.txt").exists()
             or not stamp.exists()

@@ -59,16 +59,22 @@ def info_text() -> str:
     rows = []
     for module in aphrodite_ext.MODULES:
         ok, why = aphrodite_ext.module_status(module)
+        isa_error = None
         if ok:
             aphrodite_ext.load(module)
             if info["backend"] == "cpu":
-                lines.append(
-                    f"{module}: CPU kernels run the {getattr(torch.ops, module).cpu_isa()} build"
-                )
+                isa = getattr(torch.ops, module).cpu_isa()
+                if isa.startswith("error: "):  # APHRODITE_CPU_ISA names no build this CPU runs
+                    isa_error = isa.removeprefix("error: ")
+                    lines.append(f"{module}: CPU kernels cannot run: {isa_error}")
+                else:
+                    lines.append(f"{module}: CPU kernels run the {isa} build")
         for fam_name, fam in info["families"].items():
             if fam["module"] != module:
                 continue
             status = "available" if fam["built"] else "unavailable: " + fam["reason"]
+            if fam["built"] and isa_error:
+                status = "unavailable: " + isa_error
             rows += [(module, op, fam_name, status) for op in fam["ops"]]
     return "\n".join(lines + ["", _table(rows, ("module", "op", "family", "status"))])
 

@@ -143,27 +143,24 @@ class BuildOptions:
                 f"APHRODITE_TARGET_DEVICE={env['APHRODITE_TARGET_DEVICE']!r} is not a backend; "
                 f"use one of: {', '.join(DEVICES)}"
             )
-        build_type = env.get("CMAKE_BUILD_TYPE", "Release")
+        build_type = env.get("CMAKE_BUILD_TYPE", "").strip() or "Release"
         if build_type not in BUILD_TYPES:
             raise BuildOptionError(
                 f"CMAKE_BUILD_TYPE={build_type!r} is not a build type; use one of: "
                 f"{', '.join(BUILD_TYPES)}"
             )
-        nvcc_threads = _positive_int("NVCC_THREADS", env.get("NVCC_THREADS", "1"))
-        max_jobs = (
-            _positive_int("MAX_JOBS", env["MAX_JOBS"])
-            if env.get("MAX_JOBS")
-            else default_max_jobs(nvcc_threads)
-        )
+        nvcc_threads = _positive_int("NVCC_THREADS", env.get("NVCC_THREADS", "").strip() or "1")
+        max_jobs_env = env.get("MAX_JOBS", "").strip()
         try:
             cmake_args = shlex.split(env.get("CMAKE_ARGS", ""))
         except ValueError as e:
             raise BuildOptionError(f"CMAKE_ARGS={env['CMAKE_ARGS']!r} cannot be split: {e}") from e
-        for arg in cmake_args:
-            if arg.startswith("-DAPHRODITE_TARGET_DEVICE"):
+        for name in cmake_defined_names(cmake_args):
+            knob = ENV_KNOB_OF_CACHE_VARIABLE.get(name)
+            if knob:
                 raise BuildOptionError(
-                    "CMAKE_ARGS sets APHRODITE_TARGET_DEVICE; set the environment variable "
-                    "APHRODITE_TARGET_DEVICE instead so that setup.py and CMake agree"
+                    f"CMAKE_ARGS sets {name}; set the environment variable {knob} instead, so "
+                    "that setup.py (backend, build directory, version) and CMake agree"
                 )
         generator_options = env.get("APHRODITE_GENERATOR_OPTIONS", "")
         for entry in filter(None, generator_options.replace(";", " ").split()):
@@ -188,14 +185,20 @@ class BuildOptions:
                 )
 
         torch_facts = torch_facts or TorchFacts.probe()
-        device, reason = resolve_device(requested, torch_facts)
+        cuda_arch_list = env.get("TORCH_CUDA_ARCH_LIST", "").strip() or None
+        device, reason = resolve_device(requested, torch_facts, cuda_arch_list is not None)
+        # nvcc's threads take memory only where nvcc runs.
+        max_jobs = (
+            _positive_int("MAX_JOBS", max_jobs_env)
+            if max_jobs_env
+            else default_max_jobs(nvcc_threads if device == "cuda" else 1)
+        )
         if device == "cuda" and find_nvcc() is None:
             raise BuildOptionError(
                 "APHRODITE_TARGET_DEVICE=cuda needs nvcc, and none was found in CUDACXX, "
                 "CUDA_HOME/bin, PATH or /usr/local/cuda/bin: install the CUDA toolkit "
                 f"(torch {torch_facts.version} wants CUDA {torch_facts.cuda}) or set CUDA_HOME"
             )
-        cuda_arch_list = env.get("TORCH_CUDA_ARCH_LIST") or None
         if cuda_arch_list and device == "cuda":
             cuda_arch_list = check_cuda_arch_list(cuda_arch_list, nvcc_version(find_nvcc()))
         rocm_arch_list = env.get("PYTORCH_ROCM_ARCH") or None
@@ -203,8 +206,16 @@ class BuildOptions:
         launcher = env.get("APHRODITE_COMPILER_LAUNCHER")
         if launcher is None:
             launcher = shutil.which("sccache") or shutil.which("ccache")
-        build_dir = Path(
-            env.get("APHRODITE_BUILD_DIR") or ROOT / "build" / f"{device}-{build_type.lower()}"
+        build_dir_env = env.get("APHRODITE_BUILD_DIR", "")
+        if build_dir_env and not build_dir_env.strip():
+            raise BuildOptionError(
+                f"APHRODITE_BUILD_DIR={build_dir_env!r} is blank; unset it for the default "
+                f"build/{device}-{build_type.lower()} or name a directory"
+            )
+        build_dir = (
+            Path(build_dir_env.strip()).expanduser()
+            if build_dir_env
+            else ROOT / "build" / f"{device}-{build_type.lower()}"
         )
         return cls(
             device=device,
@@ -246,8 +257,11 @@ class BuildOptions:
         return args + self.cmake_args
 
 
-def resolve_device(requested: str, torch_facts: TorchFacts) -> tuple[str, str]:
-    """The backend to build and one line saying why."""
+def resolve_device(
+    requested: str, torch_facts: TorchFacts, cuda_archs_named: bool = False
+) -> tuple[str, str]:
+    """The backend to build and one line saying why. Under auto, TORCH_CUDA_ARCH_LIST with a
+    CUDA build of torch asks for the CUDA backend (a build machine need not have a GPU)."""
     if requested == "cuda" and not torch_facts.cuda:
         raise BuildOptionError(
             f"APHRODITE_TARGET_DEVICE=cuda needs a CUDA build of torch, but torch "
@@ -267,9 +281,63 @@ def resolve_device(requested: str, torch_facts: TorchFacts) -> tuple[str, str]:
         return "rocm", f"auto: a ROCm GPU is visible and torch {torch_facts.version} supports it"
     if torch_facts.gpu_visible and torch_facts.cuda:
         return "cuda", f"auto: a CUDA GPU is visible and torch {torch_facts.version} supports it"
+    if cuda_archs_named and torch_facts.cuda:
+        return "cuda", (
+            f"auto: TORCH_CUDA_ARCH_LIST names CUDA archs and torch {torch_facts.version} "
+            "supports CUDA (no GPU needed to build)"
+        )
+    ignored = (
+        "; TORCH_CUDA_ARCH_LIST is ignored: no CUDA build of torch" if cuda_archs_named else ""
+    )
     if torch_facts.cuda or torch_facts.hip:
-        return "cpu", f"auto: torch {torch_facts.version} sees no GPU"
-    return "cpu", f"auto: torch {torch_facts.version} is a CPU-only build"
+        return "cpu", f"auto: torch {torch_facts.version} sees no GPU{ignored}"
+    return "cpu", f"auto: torch {torch_facts.version} is a CPU-only build{ignored}"
+
+
+# CMake cache variables that an environment knob sets (setup.py passes them on every
+# configure); CMAKE_ARGS setting one too would leave setup.py and CMake disagreeing.
+ENV_KNOB_OF_CACHE_VARIABLE = {
+    "APHRODITE_TARGET_DEVICE": "APHRODITE_TARGET_DEVICE",
+    "CMAKE_BUILD_TYPE": "CMAKE_BUILD_TYPE",
+    "TORCH_CUDA_ARCH_LIST": "TORCH_CUDA_ARCH_LIST",
+    "PYTORCH_ROCM_ARCH": "PYTORCH_ROCM_ARCH",
+    "APHRODITE_NVCC_THREADS": "NVCC_THREADS",
+    "APHRODITE_GENERATOR_OPTIONS": "APHRODITE_GENERATOR_OPTIONS",
+    "APHRODITE_DISABLE_FAMILIES": "APHRODITE_DISABLE_FAMILIES",
+    "Python3_EXECUTABLE": "the Python that runs setup.py",
+}
+
+
+def cmake_defined_names(args: list[str]) -> list[str]:
+    """The cache variables that CMake arguments define, in every spelling CMake takes:
+    -DNAME=v, -DNAME:TYPE=v, and -D NAME=v (two arguments)."""
+    names = []
+    for i, arg in enumerate(args):
+        if arg == "-D" and i + 1 < len(args):
+            definition = args[i + 1]
+        elif arg.startswith("-D") and arg != "-D":
+            definition = arg[2:]
+        else:
+            continue
+        names.append(definition.split("=", 1)[0].split(":", 1)[0].strip())
+    return names
+
+
+def stale_cache_reason(cache_text: str, device: str, python: str) -> str | None:
+    """Why a build directory's CMakeCache.txt cannot serve this configure (another backend, or
+    another Python and so maybe another torch, whose paths the cache keeps), or None."""
+    cached = {}
+    for line in cache_text.splitlines():
+        match = re.fullmatch(r"(APHRODITE_TARGET_DEVICE|Python3_EXECUTABLE):[A-Z]+=(.*)", line)
+        if match:
+            cached[match.group(1)] = match.group(2)
+    if cached.get("APHRODITE_TARGET_DEVICE", device) != device:
+        return f"was configured for the {cached['APHRODITE_TARGET_DEVICE']} backend"
+    # Paths as given: two virtual environments' pythons resolve to one interpreter.
+    old = cached.get("Python3_EXECUTABLE")
+    if old and os.path.abspath(old) != os.path.abspath(python):
+        return f"was configured with {old}"
+    return None
 
 
 def find_cmake() -> str:

@@ -24,6 +24,10 @@ foreach(_entry IN LISTS APHRODITE_GENERATOR_OPTIONS)
     message(FATAL_ERROR "APHRODITE_GENERATOR_OPTIONS entry '${_entry}' is not of the form "
       "<family>.<key>=<value>, e.g. activation.dtypes=bf16")
   endif()
+  if(_entry MATCHES "^[a-z0-9_]+\\.backend=")
+    message(FATAL_ERROR "APHRODITE_GENERATOR_OPTIONS entry '${_entry}': a generator's backend "
+      "is the build's (APHRODITE_TARGET_DEVICE), not an option")
+  endif()
 endforeach()
 
 function(aphrodite_generate out_var)

@@ -96,6 +96,16 @@ if(APHRODITE_DEVICE STREQUAL "rocm" AND NOT APHRODITE_TORCH_HIP)
 endif()
 
 macro(aphrodite_setup_backend)
+  # A build directory configured against another torch keeps that torch's Torch_DIR, and the
+  # libraries its config found, in the cache: it would compile and link against them.
+  if(DEFINED CACHE{Torch_DIR})
+    string(FIND "${Torch_DIR}" "${APHRODITE_TORCH_PREFIX}" _torch_dir_at)
+    if(NOT _torch_dir_at EQUAL 0)
+      message(FATAL_ERROR "${CMAKE_BINARY_DIR} was configured against the torch at "
+        "${Torch_DIR}; this Python's torch is at ${APHRODITE_TORCH_PREFIX}. Use another build "
+        "directory (APHRODITE_BUILD_DIR) or delete this one (pip install -e . does so itself)")
+    endif()
+  endif()
   list(APPEND CMAKE_PREFIX_PATH "${APHRODITE_TORCH_PREFIX}")
   include(backend_${APHRODITE_DEVICE})
   _aphrodite_backend_setup()

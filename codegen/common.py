@@ -122,6 +122,12 @@ def main(
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise SystemExit(f"--option {item!r}: expected KEY=VALUE")
+        if key in options:
+            raise SystemExit(
+                f"codegen/{Path(generator_file).name}: generator option {key} is given twice "
+                f"({options[key]!r} and {value!r}); give each key once, with a comma-separated "
+                "list where it takes several values"
+            )
         options[key] = value
     known = (*option_keys, *BUILD_OPTIONS)
     unknown = sorted(set(options) - set(known))

@@ -66,13 +66,48 @@ def test_bad_knobs_are_rejected(env, match):
 )
 def test_disabled_families_reach_every_configure(value, families):
     # Passed on every configure, empty too: a persistent build directory's CMake cache must not
-    # keep the list of an earlier build; CMAKE_ARGS, which comes last, still overrides it.
+    # keep the list of an earlier build.
     args = options(APHRODITE_DISABLE_FAMILIES=value).cmake_configure_args("python3", "0")
     assert args.count(f"-DAPHRODITE_DISABLE_FAMILIES={families}") == 1
-    args = options(
-        APHRODITE_DISABLE_FAMILIES=value, CMAKE_ARGS="-DAPHRODITE_DISABLE_FAMILIES=moe_sum"
-    ).cmake_configure_args("python3", "0")
-    assert args[-1] == "-DAPHRODITE_DISABLE_FAMILIES=moe_sum"
+
+
+@pytest.mark.parametrize(
+    "cmake_args, knob",
+    [
+        ("-DAPHRODITE_TARGET_DEVICE=cuda", "APHRODITE_TARGET_DEVICE"),
+        ("-D APHRODITE_TARGET_DEVICE=cuda", "APHRODITE_TARGET_DEVICE"),
+        ("-DAPHRODITE_TARGET_DEVICE:STRING=cuda", "APHRODITE_TARGET_DEVICE"),
+        ("-G Ninja -DCMAKE_BUILD_TYPE=Debug", "CMAKE_BUILD_TYPE"),
+        ("-DAPHRODITE_DISABLE_FAMILIES=marlin", "APHRODITE_DISABLE_FAMILIES"),
+        ("-DAPHRODITE_GENERATOR_OPTIONS=marlin.dtypes=bf16", "APHRODITE_GENERATOR_OPTIONS"),
+        ("-DAPHRODITE_NVCC_THREADS=4", "NVCC_THREADS"),
+        ("-DTORCH_CUDA_ARCH_LIST=9.0a", "TORCH_CUDA_ARCH_LIST"),
+    ],
+)
+def test_cmake_args_may_not_set_what_a_knob_sets(cmake_args, knob):
+    # Either way of setting it, the two would disagree (setup.py names the build directory and
+    # the version from the knobs): the environment variable is the one way.
+    with pytest.raises(bo.BuildOptionError, match=f"set the environment variable {knob}"):
+        options(CMAKE_ARGS=cmake_args)
+    assert options(CMAKE_ARGS="-DAPHRODITE_CUTLASS_FETCH=ON -G Ninja").cmake_args
+
+
+def test_auto_with_cuda_archs_and_a_cuda_torch_builds_cuda(monkeypatch):
+    # A build machine need not have a GPU: naming archs asks for the CUDA backend.
+    monkeypatch.setattr(bo, "find_nvcc", lambda: "/usr/local/cuda/bin/nvcc")
+    monkeypatch.setattr(bo, "nvcc_version", lambda nvcc: "13.0")
+    opts = options(CUDA_TORCH_NO_GPU, TORCH_CUDA_ARCH_LIST="9.0a")
+    assert opts.device == "cuda" and "TORCH_CUDA_ARCH_LIST" in opts.device_reason
+    opts = options(CPU_TORCH, TORCH_CUDA_ARCH_LIST="9.0a")
+    assert opts.device == "cpu" and "TORCH_CUDA_ARCH_LIST is ignored" in opts.device_reason
+
+
+def test_blank_knobs_mean_their_default_and_a_blank_build_dir_fails(tmp_path):
+    opts = options(NVCC_THREADS=" ", CMAKE_BUILD_TYPE="", MAX_JOBS="")
+    assert opts.nvcc_threads == 1 and opts.build_type == "Release" and opts.max_jobs >= 1
+    with pytest.raises(bo.BuildOptionError, match="APHRODITE_BUILD_DIR=' ' is blank"):
+        options(APHRODITE_BUILD_DIR=" ")
+    assert options(APHRODITE_BUILD_DIR="~/bd").build_dir == (tmp_path / "x").home() / "bd"
 
 
 def test_cuda_without_nvcc_names_what_is_missing(monkeypatch):
@@ -116,3 +151,13 @@ def test_local_version_suffix():
     assert CPU_TORCH.local_suffix == "cpu"
     assert CUDA_TORCH_GPU.local_suffix == "cu130"
     assert bo.TorchFacts("2.11.0", None, "6.3.42131", True).local_suffix == "rocm63"
+
+
+def test_a_build_dir_of_another_backend_or_python_is_configured_afresh():
+    cache = "APHRODITE_TARGET_DEVICE:STRING=cuda\nPython3_EXECUTABLE:FILEPATH=/venv/bin/python\n"
+    assert "for the cuda backend" in bo.stale_cache_reason(cache, "cpu", "/venv/bin/python")
+    assert "configured with /venv/bin/python" in bo.stale_cache_reason(
+        cache, "cuda", "/other/bin/python"
+    )
+    assert bo.stale_cache_reason(cache, "cuda", "/venv/bin/python") is None
+    assert bo.stale_cache_reason("", "cuda", "/venv/bin/python") is None
