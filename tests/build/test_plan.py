@@ -142,6 +142,8 @@ def test_disabled_family_is_recorded_with_its_reason(tmp_path):
         ("marln.dtypes=bf16", "names 'marln', which is not a kernel family"),
         ("layernorm.dtypes=bf16", "the layernorm family has no generator"),
         ("marlin.dtype=bf16", "unknown generator option(s) dtype"),
+        ("paged_attention.backend=rocm", "a generator's backend is the build's"),
+        ("activation.dtypes=bf16;activation.dtypes=f16", "dtypes is given twice"),
     ],
 )
 def test_cmake_rejects_generator_options_that_would_be_ignored(tmp_path, options, message):
@@ -149,6 +151,15 @@ def test_cmake_rejects_generator_options_that_would_be_ignored(tmp_path, options
     proc, build = configure(tmp_path, "9.0a", f"-DAPHRODITE_GENERATOR_OPTIONS={options}")
     assert proc.returncode != 0 and message in " ".join(proc.stderr.split())
     assert not (build / "plan.json").exists()
+
+
+def test_cmake_rejects_a_build_with_no_family_left(tmp_path):
+    families = sorted(
+        json.loads((configure(tmp_path / "all", "9.0a")[1] / "plan.json").read_text())["families"]
+    )
+    proc, _ = configure(tmp_path, "9.0a", f"-DAPHRODITE_DISABLE_FAMILIES={';'.join(families)}")
+    assert proc.returncode != 0
+    assert "no kernel family is left to build" in " ".join(proc.stderr.split())
 
 
 @pytest.mark.parametrize(
