@@ -76,6 +76,15 @@ def check_build_info(
             f"aphrodite_ext was built for CUDA but torch {torch_version} has no CUDA support; "
             "install a CUDA build of torch or rebuild with APHRODITE_TARGET_DEVICE=cpu"
         )
+    built_cuda = str(info["torch"].get("cuda") or "")
+    if backend == "cuda" and built_cuda and torch_cuda:
+        if built_cuda.split(".")[0] != torch_cuda.split(".")[0]:
+            raise BuildMismatchError(
+                f"aphrodite_ext was built against torch {info['torch'].get('full', built)} "
+                f"(CUDA {built_cuda}) but torch {torch_version} runs CUDA {torch_cuda}; the CUDA "
+                "major version must match: rebuild aphrodite_ext (pip install -e . "
+                f"--no-build-isolation) or install torch built for CUDA {built_cuda}"
+            )
     if backend == "rocm" and not torch_hip:
         raise BuildMismatchError(
             f"aphrodite_ext was built for ROCm but torch {torch_version} has no ROCm support; "

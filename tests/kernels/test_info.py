@@ -44,3 +44,34 @@ def test_a_cpu_isa_this_machine_cannot_run_marks_the_ops_unavailable(built):
     rows = [ln for ln in out.splitlines() if " silu_and_mul " in f" {ln} "]
     assert rows and "unavailable: APHRODITE_CPU_ISA=AVX2" in rows[0]
     assert "CPU kernels run the" in info(APHRODITE_CPU_ISA="scalar")
+
+
+def _info(backend, torch_full, cuda=""):
+    return {
+        "backend": backend,
+        "torch": {"version": torch_full.split("+")[0], "full": torch_full, "cuda": cuda},
+    }
+
+
+@pytest.mark.parametrize(
+    "info, running, cuda, match",
+    [
+        (_info("cpu", "2.13.0+cpu"), "2.14.1+cpu", None, "built against torch 2.13.0"),
+        (_info("cuda", "2.14.1+cu130", "13.0"), "2.14.1+cpu", "", "built for CUDA"),
+        (_info("cuda", "2.14.1+cu130", "13.0"), "2.14.0+cu126", "12.6", "CUDA major version"),
+    ],
+)
+def test_an_install_that_cannot_run_under_this_torch_says_so(info, running, cuda, match):
+    with pytest.raises(aphrodite_ext.BuildMismatchError, match=match):
+        aphrodite_ext.check_build_info(info, torch_version=running, torch_cuda=cuda)
+
+
+@pytest.mark.parametrize(
+    "info, running, cuda",
+    [
+        (_info("cpu", "2.14.1+cpu"), "2.14.0+cu130", "13.0"),
+        (_info("cuda", "2.14.1+cu130", "13.0"), "2.14.0+cu132", "13.2"),
+    ],
+)
+def test_an_install_that_can_run_passes(info, running, cuda):
+    aphrodite_ext.check_build_info(info, torch_version=running, torch_cuda=cuda)
