@@ -98,12 +98,18 @@ struct ByteRows {
   int64_t rows = 0, width = 0, step = 0;
 };
 
-/// t as row_stride's [rows, last] view, rows `stride` elements apart.
-inline ByteRows byte_rows(const at::Tensor& t, int64_t stride) {
+/// t's memory as `rows` rows of `width` elements, `stride` elements apart (from its first).
+inline ByteRows byte_rows(const at::Tensor& t, int64_t rows, int64_t width, int64_t stride) {
   if (t.numel() == 0 || t.is_meta() || !t.has_storage()) return {};
   const int64_t elem = t.element_size();
-  return {t.storage().unsafeGetStorageImpl(), reinterpret_cast<uintptr_t>(t.data_ptr()),
-          t.numel() / t.size(-1), t.size(-1) * elem, stride * elem};
+  return {t.storage().unsafeGetStorageImpl(), reinterpret_cast<uintptr_t>(t.data_ptr()), rows,
+          width * elem, stride * elem};
+}
+
+/// t as row_stride's [rows, last] view, rows `stride` elements apart.
+inline ByteRows byte_rows(const at::Tensor& t, int64_t stride) {
+  if (t.numel() == 0) return {};
+  return byte_rows(t, t.numel() / t.size(-1), t.size(-1), stride);
 }
 
 /// Whether two ByteRows share a byte. Exact where both step the same number of bytes (slices

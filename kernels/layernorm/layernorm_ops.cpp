@@ -4,7 +4,6 @@
 #include <c10/util/accumulate.h>
 
 #include <cstdint>
-#include <tuple>
 
 #include "common/torch_binding.h"
 #if defined(APHRODITE_BACKEND_CPU) && APHRODITE_FAMILY_BUILT
@@ -91,11 +90,10 @@ void fused_add_rms_norm(at::Tensor& input, at::Tensor& residual, const at::Tenso
   check_rows_distinct(op, "residual", residual, residual_stride);
   check_no_overlap(op, "input", input, input_stride, "residual", residual, residual_stride,
                    /*in_place=*/false);
-  for (const auto& [name, t, stride] :
-       {std::tuple<const char*, const at::Tensor*, int64_t>{"input", &input, input_stride},
-        {"residual", &residual, residual_stride}}) {
-    check_no_overlap(op, name, *t, stride, "weight", weight, weight.numel(), /*in_place=*/false);
-  }
+  check_no_overlap(op, "input", input, input_stride, "weight", weight, weight.numel(),
+                   /*in_place=*/false);
+  check_no_overlap(op, "residual", residual, residual_stride, "weight", weight, weight.numel(),
+                   /*in_place=*/false);
   const layernorm::FusedAddRmsNormProblem p{input.data_ptr(),
                                             residual.data_ptr(),
                                             weight.data_ptr(),

@@ -27,15 +27,11 @@ void moe_sum(const at::Tensor& input, at::Tensor& output) {
   check_last_dim_contiguous(op, "input", input);
   check_last_dim_contiguous(op, "output", output);
   check_rows_distinct(op, "output", output, output.stride(0));
-  if (input.numel() > 0 && !input.is_meta()) {
-    // A token's rows of input as one row of their span (exact when output is a separate tensor).
-    const int64_t elem = input.element_size();
-    const ByteRows input_rows{
-        input.storage().unsafeGetStorageImpl(), reinterpret_cast<uintptr_t>(input.data_ptr()),
-        num_tokens, ((topk - 1) * input.stride(1) + hidden) * elem, input.stride(0) * elem};
-    TORCH_CHECK(!rows_overlap(byte_rows(output, output.stride(0)), input_rows), op,
-                ": output shares memory with input; pass tensors that do not overlap");
-  }
+  // A token's rows of input as one row of their span (exact when output is a separate tensor).
+  TORCH_CHECK(!rows_overlap(byte_rows(output, output.stride(0)),
+                            byte_rows(input, num_tokens, (topk - 1) * input.stride(1) + hidden,
+                                      input.stride(0))),
+              op, ": output shares memory with input; pass tensors that do not overlap");
   const moe::MoeSumProblem p{output.data_ptr(), input.data_ptr(), num_tokens,      topk, hidden,
                              output.stride(0),  input.stride(0),  input.stride(1), dtype};
   if (num_tokens == 0 || hidden == 0) return;

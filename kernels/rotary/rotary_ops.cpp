@@ -6,7 +6,6 @@
 #include <ATen/MemoryOverlap.h>
 
 #include <optional>
-#include <tuple>
 
 #include "common/torch_binding.h"
 #if defined(APHRODITE_BACKEND_CPU) && APHRODITE_FAMILY_BUILT
@@ -130,27 +129,21 @@ void rotary_embedding(const at::Tensor& positions, at::Tensor& query,
               q.heads + k.heads);
   const int64_t num_tokens = positions.numel();
   // Updating in place through aliased elements would race (GPU) or rotate twice.
-  for (const auto& [arg, t, l] :
-       {std::tuple<const char*, const at::Tensor*, const HeadsLayout*>{"query", &query, &q},
-        {"key", key.has_value() ? &*key : nullptr, &k}}) {
-    if (t == nullptr || t->numel() == 0) continue;
-    TORCH_CHECK(at::has_internal_overlap(*t) != at::MemOverlap::Yes &&
-                    (l->heads <= 1 || l->head_stride >= head_size),
-                kOp, ": ", arg, " has elements that share memory (sizes ", t->sizes(), ", strides ",
-                t->strides(), ")");
-  }
+  auto check_elements_distinct = [&](const char* arg, const at::Tensor& t, const HeadsLayout& l) {
+    TORCH_CHECK(t.numel() == 0 || (at::has_internal_overlap(t) != at::MemOverlap::Yes &&
+                                   (l.heads <= 1 || l.head_stride >= head_size)),
+                kOp, ": ", arg, " has elements that share memory (sizes ", t.sizes(), ", strides ",
+                t.strides(), ")");
+  };
+  check_elements_distinct("query", query, q);
+  if (key.has_value()) check_elements_distinct("key", *key, k);
   if (key.has_value() && query.numel() > 0 && key->numel() > 0) {
     if ((q.heads <= 1 || q.head_stride == head_size) &&
         (k.heads <= 1 || k.head_stride == head_size)) {
       // Tokens as rows of contiguous heads: exact for slices of one qkv projection.
-      const int64_t elem = query.element_size();
-      const ByteRows q_rows{query.storage().unsafeGetStorageImpl(),
-                            reinterpret_cast<uintptr_t>(query.data_ptr()), num_tokens,
-                            q.heads * head_size * elem, q.token_stride * elem};
-      const ByteRows k_rows{key->storage().unsafeGetStorageImpl(),
-                            reinterpret_cast<uintptr_t>(key->data_ptr()), num_tokens,
-                            k.heads * head_size * elem, k.token_stride * elem};
-      TORCH_CHECK(!rows_overlap(q_rows, k_rows), kOp, ": query and key must not share memory");
+      TORCH_CHECK(!rows_overlap(byte_rows(query, num_tokens, q.heads * head_size, q.token_stride),
+                                byte_rows(*key, num_tokens, k.heads * head_size, k.token_stride)),
+                  kOp, ": query and key must not share memory");
     } else {
       const at::MemOverlapStatus overlap = at::get_overlap_status(query, *key);
       TORCH_CHECK(overlap != at::MemOverlapStatus::Full && overlap != at::MemOverlapStatus::Partial,
