@@ -1019,6 +1019,59 @@ __global__ void __launch_bounds__(
       }
     };
 
+    // Sums the tile's quads (4 columns of one row) first, first + step, ... over `slots` sources
+    // in slot order (the result does not depend on which block sums) and stores them;
+    // load(z, r, c) reads source z's quad at tile row r, column c. The loads of kBatch quads x up
+    // to 4 sources go out together: the accumulators are dead here, so their registers can hold
+    // loads in flight. (The global-memory path summed into the accumulators slot by slot, which
+    // kept about one load in flight a thread where they filled the registers. H100, 2026-11-26,
+    // f16 uint4b8, group 128, M = 128, 50 back-to-back calls, before / after: m64n256w split 4
+    // 37.9 / 29.1 us at 4096 x 4096 and 98.2 / 77.8 at 8192 x 8192, m128n256w split 4 62.2 /
+    // 43.7 and 82.9 / 64.5; kernels/marlin/NOTES.md.)
+    auto sum_quads = [&](int first, int step, int slots, auto&& load) {
+      constexpr int kBatch = 2;
+      const int rows = static_cast<int>(p.m - m0 < C::kBlockM ? p.m - m0 : C::kBlockM);
+      const int quads = rows * (C::kBlockN / 4);
+      for (int q0 = first; q0 < quads; q0 += kBatch * step) {
+        int r[kBatch], c[kBatch];
+        bool in[kBatch];
+        float4 sum[kBatch];
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) {
+          const int q = q0 + u * step;
+          r[u] = q / (C::kBlockN / 4);
+          c[u] = q % (C::kBlockN / 4) * 4;
+          in[u] = q < quads && n0 + c[u] < p.n;  // N is a multiple of 64: all 4 in or all out
+          sum[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+        for (int z0 = 0; z0 < slots; z0 += 4) {
+          float4 v[kBatch][4];
+#pragma unroll
+          for (int u = 0; u < kBatch; ++u)
+#pragma unroll
+            for (int z = 0; z < 4; ++z)
+              if (in[u] && z0 + z < slots) v[u][z] = load(z0 + z, r[u], c[u]);
+#pragma unroll
+          for (int u = 0; u < kBatch; ++u)
+#pragma unroll
+            for (int z = 0; z < 4; ++z) {
+              if (in[u] && z0 + z < slots) {
+                sum[u].x += v[u][z].x;
+                sum[u].y += v[u][z].y;
+                sum[u].z += v[u][z].z;
+                sum[u].w += v[u][z].w;
+              }
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) {
+          if (!in[u]) continue;
+          store(m0 + r[u], n0 + c[u], sum[u].x, sum[u].y);
+          store(m0 + r[u], n0 + c[u] + 2, sum[u].z, sum[u].w);
+        }
+      }
+    };
+
     // Read again after the main loop rather than kept in registers through it.
     const int contributors = seg.contributors;
     if (contributors == 1) {
@@ -1043,35 +1096,11 @@ __global__ void __launch_bounds__(
               make_float2(v0, v1);
         });
         cluster_sync();
-        const int rows = static_cast<int>(p.m - m0 < C::kBlockM ? p.m - m0 : C::kBlockM);
-        const int quads = rows * (C::kBlockN / 4);  // 4 columns each
-        const uint32_t rank = cluster.y;
-        for (int q = static_cast<int>(rank) * C::kThreads + tid; q < quads;
-             q += static_cast<int>(blocks) * C::kThreads) {
-          const int r = q / (C::kBlockN / 4), c = q % (C::kBlockN / 4) * 4;
-          if (n0 + c >= p.n) continue;  // N is a multiple of 64: a quad is all in or all out
-          const uint32_t addr = smem_addr(red + r * C::kBlockN + c);
-          float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
-          // Up to 4 blocks' loads in flight at once (registers: the wgmma blocks have few left).
-          for (int z0 = 0; z0 < static_cast<int>(blocks); z0 += 4) {
-            float4 v[4];
-#pragma unroll
-            for (int z = 0; z < 4; ++z) {
-              if (z0 + z < static_cast<int>(blocks)) v[z] = ld_cluster_f4(addr, z0 + z);
-            }
-#pragma unroll
-            for (int z = 0; z < 4; ++z) {
-              if (z0 + z < static_cast<int>(blocks)) {
-                sum.x += v[z].x;
-                sum.y += v[z].y;
-                sum.z += v[z].z;
-                sum.w += v[z].w;
-              }
-            }
-          }
-          store(m0 + r, n0 + c, sum.x, sum.y);
-          store(m0 + r, n0 + c + 2, sum.z, sum.w);
-        }
+        sum_quads(static_cast<int>(cluster.y) * C::kThreads + tid,
+                  static_cast<int>(blocks) * C::kThreads, static_cast<int>(blocks),
+                  [&](int z, int r, int c) {
+                    return ld_cluster_f4(smem_addr(red + r * C::kBlockN + c), z);
+                  });
         cluster_sync();  // no block leaves while another still reads its shared memory
         continue;
       }
@@ -1091,36 +1120,12 @@ __global__ void __launch_bounds__(
     __syncthreads();
     if (!is_last) continue;
     __threadfence();
-    // The partials summed in slot order (the result does not depend on timing). The 16-row
-    // (decode) block and the wgmma blocks (one per SM, stream-K: most tiles shared) sum into acc
-    // slot by slot: the loads of one slot go out together, so the block waits for memory once a
-    // slot, not once for every few loads of each pair (an H100 run of the wgmma blocks summing
-    // pair by pair took 0.164 ms at M = 128, 4096 x 4096). The mma.sync blocks of 32 rows and
-    // more (rarely split) sum pair by pair: 16 more registers in flight per m tile cost them
-    // occupancy.
-    if constexpr (kMTiles == 1 || kWgmma) {
-      for_each_pair([](int64_t, int64_t, float& v0, float& v1) { v0 = v1 = 0.f; });
-      for (int z = 0; z < contributors; ++z) {
-        for_each_pair([&](int64_t row, int64_t col, float& v0, float& v1) {
-          const float2 v =
-              __ldcg(reinterpret_cast<const float2*>(p.partials + (z * p.m + row) * p.n + col));
-          v0 += v.x;
-          v1 += v.y;
-        });
-      }
-      for_each_pair(store);
-    } else {
-      for_each_pair([&](int64_t row, int64_t col, float, float) {
-        float v0 = 0.f, v1 = 0.f;
-        for (int z = 0; z < contributors; ++z) {
-          const float2 v =
-              __ldcg(reinterpret_cast<const float2*>(p.partials + (z * p.m + row) * p.n + col));
-          v0 += v.x;
-          v1 += v.y;
-        }
-        store(row, col, v0, v1);
-      });
-    }
+    // The last to arrive sums every slot (its own too, read back: the order of the sum is the
+    // slots', whichever block is last).
+    sum_quads(tid, C::kThreads, contributors, [&](int z, int r, int c) {
+      return __ldcg(reinterpret_cast<const float4*>(
+          p.partials + (static_cast<int64_t>(z) * p.m + m0 + r) * p.n + n0 + c));
+    });
     if (tid == 0) p.counters[tile] = 0;  // every contributor has arrived: ready for the next launch
   }
 }
