@@ -80,8 +80,9 @@ attention::PagedAttentionProblem make_problem(
               ": head_size must be one of 64, 80, 96, 112, 128, 192, 256, got ", head_size);
   TORCH_CHECK(block_size == 8 || block_size == 16 || block_size == 32, op,
               ": block_size must be 8, 16 or 32, got ", block_size);
-  TORCH_CHECK(num_kv_heads >= 1 && num_heads % num_kv_heads == 0, op, ": num_heads (", num_heads,
-              ") must be a multiple of num_kv_heads (", num_kv_heads, ")");
+  TORCH_CHECK(num_kv_heads >= 1 && num_heads >= num_kv_heads && num_heads % num_kv_heads == 0, op,
+              ": num_heads (", num_heads, ") must be a positive multiple of num_kv_heads (",
+              num_kv_heads, ")");
   TORCH_CHECK(max_seq_len >= 1, op, ": max_seq_len must be >= 1, got ", max_seq_len);
   TORCH_CHECK(std::isfinite(scale), op, ": scale must be finite, got ", scale);
 

@@ -358,7 +358,11 @@ BAD_V1 = [
     (_with(query=lambda a: a["query"].double()), "float32, float16 or bfloat16"),
     (_with(query=lambda a: a["query"][..., :48]), "head_size must be one of"),
     (_with(block_size=64), "block_size must be 8, 16 or 32"),
-    (_with(num_kv_heads=3), r"must be a multiple of num_kv_heads \(3\)"),
+    (_with(num_kv_heads=3), r"must be a positive multiple of num_kv_heads \(3\)"),
+    (
+        _with(query=lambda a: a["query"][:, :0], out=lambda a: a["out"][:, :0]),
+        r"num_heads \(0\) must be a positive multiple of num_kv_heads \(2\)",
+    ),
     (_with(max_seq_len=0), "max_seq_len must be >= 1"),
     (_with(scale=float("inf")), "scale must be finite"),
     (_with(out=lambda a: a["out"][:1]), "out must have the shape of query"),
