@@ -11,10 +11,19 @@
 #       matches its stamp: an unchanged rebuild regenerates and recompiles nothing. Separate
 #       build directories hold separate outputs.
 #
+#   aphrodite_check_generator_options(NAME <name> GENERATOR <codegen/x.py> WHY <text>
+#                                     [ARCHS <arch>...] [OPTIONS <key=value>...])
+#       For a family this build does not generate (the CPU backend, a family skipped or
+#       disabled): where APHRODITE_GENERATOR_OPTIONS names it, asks its generator to describe
+#       its CUDA grid under those options (nothing is written), so that a misspelt key or value
+#       stops this configure too, not only a later build that generates the family. WHY says
+#       why the family is not generated here; ARCHS are the archs it supports.
+#
 #   APHRODITE_GENERATOR_OPTIONS (cache)
 #       "<name>.<key>=<value>;..." narrows a generator's grid for fast development builds, e.g.
 #       "activation.dtypes=bf16"; each entry goes to the generator of that family, which rejects
-#       keys and values it does not have when configure asks it for its outputs
+#       keys and values it does not have when configure asks it for its outputs, or, where this
+#       build does not generate the family, when aphrodite_check_generator_options asks
 #       (aphrodite_finalize rejects entries for families without a generator).
 
 set(APHRODITE_GENERATOR_OPTIONS "" CACHE STRING
@@ -30,21 +39,58 @@ foreach(_entry IN LISTS APHRODITE_GENERATOR_OPTIONS)
   endif()
 endforeach()
 
+# The generator's command line: --out-dir, --archs and an --option for each of `options` and of
+# the APHRODITE_GENERATOR_OPTIONS entries for `name`; `found_var` is TRUE where an entry names it.
+function(_aphrodite_generator_args out_var found_var name out_dir archs)
+  list(JOIN archs " " _archs)
+  set(_args --out-dir "${out_dir}" --archs "${_archs}")
+  set(_options ${ARGN})
+  set(_found FALSE)
+  foreach(_entry IN LISTS APHRODITE_GENERATOR_OPTIONS)
+    if(_entry MATCHES "^${name}\\.(.+)$")
+      list(APPEND _options "${CMAKE_MATCH_1}")
+      set(_found TRUE)
+    endif()
+  endforeach()
+  foreach(_opt IN LISTS _options)
+    list(APPEND _args --option "${_opt}")
+  endforeach()
+  set(${out_var} "${_args}" PARENT_SCOPE)
+  set(${found_var} ${_found} PARENT_SCOPE)
+endfunction()
+
+function(aphrodite_check_generator_options)
+  cmake_parse_arguments(PARSE_ARGV 0 arg "" "NAME;GENERATOR;WHY" "ARCHS;OPTIONS")
+  cmake_path(ABSOLUTE_PATH arg_GENERATOR BASE_DIRECTORY "${PROJECT_SOURCE_DIR}"
+    OUTPUT_VARIABLE _generator)
+  # The arch-specific targets (9.0a, ...) of the supported archs too: a grid may hold blocks
+  # only they build (marlin's wgmma shapes).
+  set(_archs ${arg_ARCHS})
+  foreach(_arch IN LISTS arg_ARCHS)
+    if(_arch VERSION_GREATER_EQUAL 9.0)
+      list(APPEND _archs "${_arch}a")
+    endif()
+  endforeach()
+  _aphrodite_generator_args(_args _found ${arg_NAME} "${CMAKE_BINARY_DIR}/generated/${arg_NAME}"
+    "${_archs}" backend=cuda ${arg_OPTIONS})
+  if(NOT _found)
+    return()
+  endif()
+  execute_process(COMMAND "${Python3_EXECUTABLE}" "${_generator}" ${_args} --describe
+    OUTPUT_QUIET ERROR_VARIABLE _err RESULT_VARIABLE _rc)
+  if(NOT _rc EQUAL 0)
+    string(STRIP "${_err}" _err)
+    message(FATAL_ERROR "APHRODITE_GENERATOR_OPTIONS for ${arg_NAME}, which this build does not "
+      "generate (it ${arg_WHY}), checked against its CUDA grid: ${_err}")
+  endif()
+endfunction()
+
 function(aphrodite_generate out_var)
   cmake_parse_arguments(PARSE_ARGV 1 arg "" "NAME;GENERATOR" "ARCHS;OPTIONS")
   cmake_path(ABSOLUTE_PATH arg_GENERATOR BASE_DIRECTORY "${PROJECT_SOURCE_DIR}"
     OUTPUT_VARIABLE _generator)
   set(_out_dir "${CMAKE_BINARY_DIR}/generated/${arg_NAME}")
-  list(JOIN arg_ARCHS " " _archs)
-  set(_args --out-dir "${_out_dir}" --archs "${_archs}")
-  foreach(_entry IN LISTS APHRODITE_GENERATOR_OPTIONS)
-    if(_entry MATCHES "^${arg_NAME}\\.(.+)$")
-      list(APPEND arg_OPTIONS "${CMAKE_MATCH_1}")
-    endif()
-  endforeach()
-  foreach(_opt IN LISTS arg_OPTIONS)
-    list(APPEND _args --option "${_opt}")
-  endforeach()
+  _aphrodite_generator_args(_args _found ${arg_NAME} "${_out_dir}" "${arg_ARCHS}" ${arg_OPTIONS})
 
   # The output list and the inputs are facts of the generator's grid; ask it (cheap).
   execute_process(COMMAND "${Python3_EXECUTABLE}" "${_generator}" ${_args} --describe

@@ -155,6 +155,56 @@ def test_unknown_option_key_fails_before_generating(tmp_path, generator, good, m
     assert 0 < len(narrowed) < len(full)
 
 
+def _cmake():
+    from conftest import build_options
+
+    try:
+        return build_options.find_cmake()
+    except build_options.BuildOptionError:
+        return None
+
+
+@pytest.mark.skipif(_cmake() is None, reason="needs cmake >= 3.26")
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ("marlin.dtype=bf16", "unknown generator option(s) dtype; its options are"),
+        ("marlin.shapes=m16n256,m48n256", "subset of m16n256,"),
+        ("activation.dtypes=f8", "subset of f32,f16,bf16"),
+        ("flash_attn.causal=maybe", "subset of off,on"),
+        # What a CUDA build would accept passes: the wgmma shapes need 9.0a, which the check
+        # adds to the family's archs.
+        ("marlin.shapes=m16n256,m64n256w;activation.dtypes=bf16;flash_attn.causal=on", None),
+    ],
+)
+def test_cpu_build_checks_the_options_of_generators_it_does_not_run(tmp_path, options, message):
+    # The CPU backend generates nothing, so its configure asks each named family's generator to
+    # describe its CUDA grid under the options: a misspelt key or value stops it as it would
+    # stop a CUDA build, before anything compiles.
+    proc = subprocess.run(
+        [
+            _cmake(),
+            "-S",
+            str(ROOT),
+            "-B",
+            str(tmp_path / "build"),
+            "-DAPHRODITE_TARGET_DEVICE=cpu",
+            f"-DPython3_EXECUTABLE={sys.executable}",
+            f"-DAPHRODITE_GENERATOR_OPTIONS={options}",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    stderr = " ".join(proc.stderr.split())
+    if message is None:
+        assert proc.returncode == 0, proc.stderr
+        return
+    assert proc.returncode != 0 and message in stderr, proc.stderr
+    family = options.split(".")[0]
+    assert f"APHRODITE_GENERATOR_OPTIONS for {family}, which this build does not generate" in stderr
+    assert not (tmp_path / "build" / "plan.json").exists()
+
+
 # --- the build graph: CMake + ninja + nvcc --------------------------------------------------
 
 
