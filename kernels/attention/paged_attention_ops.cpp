@@ -83,7 +83,7 @@ attention::PagedAttentionProblem make_problem(
   TORCH_CHECK(num_kv_heads >= 1 && num_heads >= num_kv_heads && num_heads % num_kv_heads == 0, op,
               ": num_heads (", num_heads, ") must be a positive multiple of num_kv_heads (",
               num_kv_heads, ")");
-  TORCH_CHECK(max_seq_len >= 1, op, ": max_seq_len must be >= 1, got ", max_seq_len);
+  TORCH_CHECK(max_seq_len >= 0, op, ": max_seq_len must be >= 0, got ", max_seq_len);
   TORCH_CHECK(std::isfinite(scale), op, ": scale must be finite, got ", scale);
 
   TORCH_CHECK(out.sizes() == query.sizes(), op, ": out must have the shape of query ",
@@ -243,8 +243,14 @@ void check_dense(const char* op, int64_t tp_rank, int64_t local_blocks, int64_t 
 }
 
 void run(const char* op, const attention::PagedAttentionProblem& p,
-         const attention::PagedAttentionV2Scratch* v2, const at::Tensor& query) {
+         const attention::PagedAttentionV2Scratch* v2, const at::Tensor& query, at::Tensor& out) {
   if (p.num_seqs == 0) return;
+  // Every sequence empty (max_seq_len 0): attention over no tokens is zeros, as the kernels
+  // write for an empty sequence among others; there is no partition for them to launch over.
+  if (p.max_seq_len == 0) {
+    out.zero_();
+    return;
+  }
 #if APHRODITE_FAMILY_BUILT
 #if defined(APHRODITE_BACKEND_CPU)
   TORCH_CHECK(cpu::active_isa().error.empty(), op, ": ", cpu::active_isa().error);
@@ -298,7 +304,7 @@ void paged_attention_v1(at::Tensor& out, const at::Tensor& query, const at::Tens
   const auto p = make_problem(op, out, query, nullptr, nullptr, key_cache, value_cache,
                               num_kv_heads, scale, block_tables, seq_lens, block_size, max_seq_len,
                               alibi_slopes, kv_cache_dtype, k_scale, v_scale);
-  run(op, p, nullptr, query);
+  run(op, p, nullptr, query, out);
 }
 
 void paged_attention_v2(at::Tensor& out, at::Tensor& exp_sums, at::Tensor& max_logits,
@@ -318,7 +324,7 @@ void paged_attention_v2(at::Tensor& out, at::Tensor& exp_sums, at::Tensor& max_l
                               num_kv_heads, scale, block_tables, seq_lens, block_size, max_seq_len,
                               alibi_slopes, kv_cache_dtype, k_scale, v_scale);
   const auto scratch = make_scratch(op, exp_sums, max_logits, tmp_out, query, max_seq_len);
-  run(op, p, &scratch, query);
+  run(op, p, &scratch, query, out);
 }
 
 void xl_paged_attention_v1(at::Tensor& out, const at::Tensor& query, const at::Tensor& pos_bias_u,
@@ -332,7 +338,7 @@ void xl_paged_attention_v1(at::Tensor& out, const at::Tensor& query, const at::T
   const auto p = make_problem(op, out, query, &pos_bias_u, &matrix_bd, key_cache, value_cache,
                               num_kv_heads, scale, block_tables, seq_lens, block_size, max_seq_len,
                               std::nullopt, kv_cache_dtype, k_scale, v_scale);
-  run(op, p, nullptr, query);
+  run(op, p, nullptr, query, out);
 }
 
 void xl_paged_attention_v2(at::Tensor& out, at::Tensor& exp_sums, at::Tensor& max_logits,
@@ -348,7 +354,7 @@ void xl_paged_attention_v2(at::Tensor& out, at::Tensor& exp_sums, at::Tensor& ma
                               num_kv_heads, scale, block_tables, seq_lens, block_size, max_seq_len,
                               std::nullopt, kv_cache_dtype, k_scale, v_scale);
   const auto scratch = make_scratch(op, exp_sums, max_logits, tmp_out, query, max_seq_len);
-  run(op, p, &scratch, query);
+  run(op, p, &scratch, query, out);
 }
 
 }  // namespace

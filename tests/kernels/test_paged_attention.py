@@ -287,6 +287,26 @@ def test_strided_query_and_cache(device, version):
     check(b.run(version, query=query), b.ref(), dtype)
 
 
+@pytest.mark.parametrize("dtype", list(TOL))
+def test_every_sequence_empty(device, dtype):
+    # max_seq_len 0 (a batch whose sequences have no cached token yet): zeros, as an empty
+    # sequence gets beside others, from v1, v2 (also with scratch of no partitions) and XL.
+    b = Batch([0, 0, 0], 8, 2, 64, 16, dtype, device)
+    b.max_seq_len = 0
+    zeros = torch.zeros_like(b.query)
+    for version in ("v1", "v2"):
+        torch.testing.assert_close(b.run(version), zeros, atol=0, rtol=0)
+        u, bd = torch.randn_like(b.query), torch.randn(3, 8, 0, device=device).to(dtype)
+        torch.testing.assert_close(b.run_xl(u, bd, version), zeros, atol=0, rtol=0)
+    out = torch.full_like(b.query, float("nan"))
+    scratch = [torch.empty(3, 8, 0, device=device) for _ in range(2)]
+    tmp_out = torch.empty(3, 8, 0, 64, device=device)
+    one = torch.ones(1, device=device)
+    caches = (b.query, b.key_cache, b.value_cache, 2, b.scale, b.block_tables, b.seq_lens, 16, 0)
+    torch.ops._C.paged_attention_v2(out, *scratch, tmp_out, *caches, None, "auto", one, one)
+    torch.testing.assert_close(out, zeros, atol=0, rtol=0)
+
+
 @pytest.mark.parametrize("version", ["v1", "v2"])
 @pytest.mark.parametrize("dtype", list(TOL))
 def test_xl(device, version, dtype):
@@ -363,7 +383,7 @@ BAD_V1 = [
         _with(query=lambda a: a["query"][:, :0], out=lambda a: a["out"][:, :0]),
         r"num_heads \(0\) must be a positive multiple of num_kv_heads \(2\)",
     ),
-    (_with(max_seq_len=0), "max_seq_len must be >= 1"),
+    (_with(max_seq_len=-1), "max_seq_len must be >= 0"),
     (_with(scale=float("inf")), "scale must be finite"),
     (_with(out=lambda a: a["out"][:1]), "out must have the shape of query"),
     (_with(out=lambda a: a["out"].float()), "out must be"),
