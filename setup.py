@@ -79,7 +79,7 @@ class CMakeBuild(build_ext):
                 cache.unlink()
                 shutil.rmtree(build_dir / "CMakeFiles", ignore_errors=True)
         if (
-            not (build_dir / "CMakeCache.txt").exists()
+            not cache.exists()
             or not stamp.exists()
             or json.loads(stamp.read_text()) != args
         ):

@@ -243,7 +243,7 @@ void check_dense(const char* op, int64_t tp_rank, int64_t local_blocks, int64_t 
 }
 
 void run(const char* op, const attention::PagedAttentionProblem& p,
-         const attention::PagedAttentionV2Scratch* v2, const at::Tensor& query, at::Tensor& out) {
+         const attention::PagedAttentionV2Scratch* v2, at::Tensor& out) {
   if (p.num_seqs == 0) return;
   // Every sequence empty (max_seq_len 0): attention over no tokens is zeros, as the kernels
   // write for an empty sequence among others; there is no partition for them to launch over.
@@ -258,8 +258,8 @@ void run(const char* op, const attention::PagedAttentionProblem& p,
     APHRODITE_CPU_CALL(paged_attention, p, v2, begin, end);
   });
 #else
-  const c10::cuda::OptionalCUDAGuard guard(query.device());
-  const gpuStream_t stream = current_stream(query);
+  const c10::cuda::OptionalCUDAGuard guard(out.device());
+  const gpuStream_t stream = current_stream(out);
   // What this build's generated grid cannot run is a user error with a reason, not a launch
   // failure.
   if (const char* why = attention::paged_attention_unsupported(p, v2)) {
@@ -269,7 +269,7 @@ void run(const char* op, const attention::PagedAttentionProblem& p,
                                  : attention::launch_paged_attention_v2(p, *v2, stream));
 #endif
 #else
-  (void)op, (void)v2, (void)query;
+  (void)op, (void)v2;
 #endif
 }
 
@@ -304,7 +304,7 @@ void paged_attention_v1(at::Tensor& out, const at::Tensor& query, const at::Tens
   const auto p = make_problem(op, out, query, nullptr, nullptr, key_cache, value_cache,
                               num_kv_heads, scale, block_tables, seq_lens, block_size, max_seq_len,
                               alibi_slopes, kv_cache_dtype, k_scale, v_scale);
-  run(op, p, nullptr, query, out);
+  run(op, p, nullptr, out);
 }
 
 void paged_attention_v2(at::Tensor& out, at::Tensor& exp_sums, at::Tensor& max_logits,
@@ -324,7 +324,7 @@ void paged_attention_v2(at::Tensor& out, at::Tensor& exp_sums, at::Tensor& max_l
                               num_kv_heads, scale, block_tables, seq_lens, block_size, max_seq_len,
                               alibi_slopes, kv_cache_dtype, k_scale, v_scale);
   const auto scratch = make_scratch(op, exp_sums, max_logits, tmp_out, query, max_seq_len);
-  run(op, p, &scratch, query, out);
+  run(op, p, &scratch, out);
 }
 
 void xl_paged_attention_v1(at::Tensor& out, const at::Tensor& query, const at::Tensor& pos_bias_u,
@@ -338,7 +338,7 @@ void xl_paged_attention_v1(at::Tensor& out, const at::Tensor& query, const at::T
   const auto p = make_problem(op, out, query, &pos_bias_u, &matrix_bd, key_cache, value_cache,
                               num_kv_heads, scale, block_tables, seq_lens, block_size, max_seq_len,
                               std::nullopt, kv_cache_dtype, k_scale, v_scale);
-  run(op, p, nullptr, query, out);
+  run(op, p, nullptr, out);
 }
 
 void xl_paged_attention_v2(at::Tensor& out, at::Tensor& exp_sums, at::Tensor& max_logits,
@@ -354,7 +354,7 @@ void xl_paged_attention_v2(at::Tensor& out, at::Tensor& exp_sums, at::Tensor& ma
                               num_kv_heads, scale, block_tables, seq_lens, block_size, max_seq_len,
                               std::nullopt, kv_cache_dtype, k_scale, v_scale);
   const auto scratch = make_scratch(op, exp_sums, max_logits, tmp_out, query, max_seq_len);
-  run(op, p, &scratch, query, out);
+  run(op, p, &scratch, out);
 }
 
 }  // namespace

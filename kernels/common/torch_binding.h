@@ -200,6 +200,12 @@ inline void check_meta_call(const std::string& op, const std::optional<at::Tenso
   if (t.has_value()) check_meta_call(op, *t);
 }
 
+/// check_meta_call for each of `ts` (tensors and optional tensors).
+template <typename... Ts>
+void check_meta_calls(const std::string& op, const Ts&... ts) {
+  (check_meta_call(op, ts), ...);
+}
+
 inline void check_meta_call(const std::string& op, const c10::IValue& v) {
   if (v.isTensor()) {
     check_meta_call(op, v.toTensor());

@@ -224,12 +224,8 @@ std::tuple<at::Tensor, at::Tensor> varlen_fwd_fake(
     const at::Tensor& cu_seqlens_k, const std::optional<at::Tensor>& seqused_k,
     const std::optional<at::Tensor>& block_table, int64_t, int64_t, double, bool, int64_t, int64_t,
     double, bool return_softmax_lse) {
-  for (const at::Tensor* t : {&q, &k, &v, &cu_seqlens_q, &cu_seqlens_k}) {
-    detail::check_meta_call("varlen_fwd", *t);
-  }
-  for (const std::optional<at::Tensor>* t : {&out, &seqused_k, &block_table}) {
-    detail::check_meta_call("varlen_fwd", *t);
-  }
+  detail::check_meta_calls("varlen_fwd", q, k, v, out, cu_seqlens_q, cu_seqlens_k, seqused_k,
+                           block_table);
   at::Tensor result =
       out.has_value() ? at::empty({0}, q.options()) : at::empty_symint(q.sym_sizes(), q.options());
   std::vector<c10::SymInt> lse_shape{c10::SymInt(0), c10::SymInt(0)};

@@ -354,8 +354,7 @@ at::Tensor repack_fake(const at::Tensor& b_q_weight, const c10::SymInt& size_k,
 
 at::Tensor gptq_marlin_repack_fake(const at::Tensor& b_q_weight, const at::Tensor& perm,
                                    c10::SymInt size_k, c10::SymInt size_n, int64_t) {
-  for (const at::Tensor* t : {&b_q_weight, &perm})
-    detail::check_meta_call("gptq_marlin_repack", *t);
+  detail::check_meta_calls("gptq_marlin_repack", b_q_weight, perm);
   return repack_fake(b_q_weight, size_k, size_n);
 }
 
@@ -373,13 +372,8 @@ at::Tensor gptq_marlin_gemm_fake(const at::Tensor& a, const std::optional<at::Te
                                  const std::optional<at::Tensor>& perm, const at::Tensor& workspace,
                                  int64_t, c10::SymInt size_m, c10::SymInt size_n, c10::SymInt, bool,
                                  bool, bool, bool) {
-  const char* op = "gptq_marlin_gemm";
-  for (const at::Tensor* t : {&a, &b_q_weight, &scales, &workspace}) {
-    detail::check_meta_call(op, *t);
-  }
-  for (const std::optional<at::Tensor>* t : {&c, &bias, &global, &zeros, &g_idx, &perm}) {
-    detail::check_meta_call(op, *t);
-  }
+  detail::check_meta_calls("gptq_marlin_gemm", a, c, b_q_weight, bias, scales, global, zeros, g_idx,
+                           perm, workspace);
   return at::empty_symint({std::move(size_m), std::move(size_n)}, a.options());
 }
 
