@@ -78,11 +78,7 @@ class CMakeBuild(build_ext):
                 print(f"aphrodite_ext: {build_dir} {why}; configuring it afresh")
                 cache.unlink()
                 shutil.rmtree(build_dir / "CMakeFiles", ignore_errors=True)
-        if (
-            not cache.exists()
-            or not stamp.exists()
-            or json.loads(stamp.read_text()) != args
-        ):
+        if not cache.exists() or not stamp.exists() or json.loads(stamp.read_text()) != args:
             self._run([cmake, "-S", str(ROOT), "-B", str(build_dir), "-G", "Ninja", *args])
             stamp.write_text(json.dumps(args))
         build = [cmake, "--build", str(build_dir), "-j", str(OPTIONS.max_jobs)]
