@@ -333,12 +333,18 @@ struct Config {
   /// k warps > 1: the warps of k group r > 0 hand their accumulators to group 0 through shared
   /// memory after the main loop, one group per round (reusing the pipeline's buffers).
   static constexpr int kReduceBytes = kKWarps > 1 ? kMWarps * kNWarps * 32 * kMTiles * 32 * 4 : 0;
-  static constexpr int kSmemBytes =
+  static constexpr int kPipeBytes =
       kStages * kStageBytes > kReduceBytes ? kStages * kStageBytes : kReduceBytes;
+  /// Split-K through a thread block cluster (sm_90, launch_gemm_instance) puts the block's tile
+  /// of fp32 sums in its shared memory. A wgmma block (an SM to itself, or two of 64 rows) asks
+  /// for room for it where its pipeline holds less: the 128-row block's 5 stages are 125 KiB,
+  /// its tile 128 KiB.
+  static constexpr int kTileSumBytes = kBlockM * kBlockN * 4;
+  static constexpr int kSmemBytes =
+      (kWgmma && kTileSumBytes > kPipeBytes && kTileSumBytes <= kBudget) ? kTileSumBytes
+                                                                         : kPipeBytes;
   static_assert(kSmemBytes <= kBudget, "a block shape's pipeline must fit every target arch");
-  /// Split-K through a thread block cluster (sm_90, launch_gemm_instance): the tile's fp32 sums
-  /// of every block of the cluster fit in its pipeline's shared memory.
-  static constexpr bool kClusterReduce = kBlockM * kBlockN * 4 <= kSmemBytes;
+  static constexpr bool kClusterReduce = kTileSumBytes <= kSmemBytes;
   /// Dynamic shared memory to ask for: a wgmma block aligns its pipeline up to 1024 bytes.
   static constexpr int kSmemAlloc = kWgmma ? kSmemBytes + 1024 : kSmemBytes;
   /// Resident blocks per SM that ptxas plans registers for (__launch_bounds__): 3 for the 4-warp
