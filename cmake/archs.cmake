@@ -49,6 +49,8 @@
 #       R through PTX when R has +PTX or S has +PTX (e.g. 8.0+PTX vs 12.0 ->
 #       8.0+PTX); the highest non-Jetson one is taken and emitted as S+PTX.
 #       Whenever R has +PTX, the emitted arch gets +PTX too.
+#       A plain X.Y (without +PTX) is dropped where X.Ya is emitted too: the
+#       X.Ya code serves the same GPUs (9.0 and 9.0a requested -> 9.0a).
 #       The result is normalised (so independent of input order) and may be
 #       empty; the caller decides what to report then.
 #
@@ -578,7 +580,18 @@ function(aphrodite_cuda_archs_intersect out_var)
   endforeach()
 
   _aphrodite_cuda_archs_normalize(_out ${_out})
-  set(${out_var} "${_out}" PARENT_SCOPE)
+  # X.Ya code runs on exactly the X.Y GPUs, as plain X.Y code does: with both requested
+  # ("9.0 9.0a") every file would be compiled twice, and which of the two cubins an X.Y GPU
+  # loads would be the driver's choice. The plain one goes; X.Y+PTX stays for its PTX.
+  set(_kept "")
+  foreach(_arch IN LISTS _out)
+    if(_arch MATCHES "^[0-9]+\\.[0-9]+$" AND ("${_arch}a" IN_LIST _out OR
+                                              "${_arch}a+PTX" IN_LIST _out))
+      continue()
+    endif()
+    list(APPEND _kept "${_arch}")
+  endforeach()
+  set(${out_var} "${_kept}" PARENT_SCOPE)
 endfunction()
 
 function(aphrodite_cuda_gencode_flags out_var)

@@ -29,7 +29,14 @@ INTERSECT_CASES = [
     ("12.0", "12.0a", "12.0a"),
     ("12.0", "12.1a", "12.0"),
     ("12.0a", "12.0f", ""),
-    ("10.0", "10.0;10.0a", "10.0;10.0a"),
+    # A plain arch beside its `a` variant is not compiled twice: the `a` code serves the
+    # same GPUs; X.Y+PTX stays for its PTX.
+    ("10.0", "10.0;10.0a", "10.0a"),
+    ("9.0;9.0a", "9.0;9.0a", "9.0a"),
+    ("8.0;9.0", "8.0;9.0;9.0a", "8.0;9.0a"),
+    ("9.0", "9.0+PTX;9.0a", "9.0+PTX;9.0a"),
+    ("9.0", "9.0;9.0a+PTX", "9.0a+PTX"),
+    ("9.0a", "9.0;9.0a", "9.0a"),
     ("10.0;11.0", "11.0a", "11.0a"),
     # `f` suffix: family code serves the same or a later arch of its major.
     ("10.0f", "10.3", "10.0f"),
