@@ -62,6 +62,17 @@ inline void check_last_dim_contiguous(const char* op, const char* arg, const at:
               " must be contiguous in its last dimension, got strides ", t.strides());
 }
 
+/// The GPU kernels index a row's elements with 32-bit integers: rows of at most 2^31 - 1.
+inline void check_row_length(const char* op, int64_t length) {
+#if defined(APHRODITE_BACKEND_GPU)
+  TORCH_CHECK(length <= INT32_MAX, op,
+              ": the GPU kernels take rows of at most 2^31 - 1 elements, got ", length);
+#else
+  (void)op;
+  (void)length;
+#endif
+}
+
 /// Rows of a tensor viewed as [rows, last]: every leading dimension must collapse into one
 /// stride (true for contiguous tensors and for slices of the last dimension). An empty tensor
 /// has no rows to lay out: any strides.

@@ -33,10 +33,7 @@ fp8_quant::QuantProblem check_quant_inputs(const char* op, at::Tensor& result,
   p.input = input.data_ptr();
   p.num_tokens = c10::multiply_integers(input.sizes().begin(), input.sizes().end() - 1);
   p.hidden = input.size(-1);
-#if defined(APHRODITE_BACKEND_GPU)
-  TORCH_CHECK(p.hidden <= INT32_MAX, op,
-              ": the GPU kernels take rows of at most 2^31 - 1 elements, got ", p.hidden);
-#endif
+  check_row_length(op, p.hidden);
   p.out_row_stride = row_stride(op, "result", result);
   p.input_row_stride = row_stride(op, "input", input);
   check_rows_distinct(op, "result", result, p.out_row_stride);

@@ -31,10 +31,7 @@ int64_t check_norm_inputs(const char* op, const char* out_name, const at::Tensor
   check_dtype(op, "weight", weight, input.scalar_type());
   TORCH_CHECK(epsilon >= 0.0 && std::isfinite(epsilon), op,
               ": epsilon must be a finite number >= 0, got ", epsilon);
-#if defined(APHRODITE_BACKEND_GPU)
-  TORCH_CHECK(hidden <= INT32_MAX, op,
-              ": the GPU kernels take rows of at most 2^31 - 1 elements, got ", hidden);
-#endif
+  check_row_length(op, hidden);
   return c10::multiply_integers(input.sizes().begin(), input.sizes().end() - 1);
 }
 
