@@ -1,10 +1,11 @@
 """aphrodite_ext: LLM inference kernels as PyTorch extension modules.
 
 Import a module to register its ops (``import aphrodite_ext._C``), then call them through
-``torch.ops._C.<op>`` or the typed wrappers in :mod:`aphrodite_ext.ops`. Importing the package
-checks the recorded build info against the running torch and fails with a sentence that says
-what to do when they disagree. A module this install did not build raises an ImportError
-that names the reason.
+``torch.ops._C.<op>`` or the typed wrappers in :mod:`aphrodite_ext.ops`. Importing a module
+first checks the recorded build info against the running torch and fails with a sentence that
+says what to do when they disagree (the package itself imports under any torch, so that
+``python -m aphrodite_ext info|plan`` can say what the install holds). A module this install
+did not build raises an ImportError that names the reason.
 """
 
 from __future__ import annotations
@@ -111,14 +112,17 @@ def module_status(name: str) -> tuple[bool, str]:
     return True, ""
 
 
-class _UnbuiltModuleFinder(importlib.abc.MetaPathFinder):
-    """Turns `import aphrodite_ext.<module>` of a module this build skipped into an
-    ImportError that says why, instead of a bare ModuleNotFoundError."""
+class _ModuleFinder(importlib.abc.MetaPathFinder):
+    """Runs before `import aphrodite_ext.<module>` finds an extension module: checks the build
+    info against the running torch (BuildMismatchError, before torch's C++ ABI can break in the
+    loader), and turns the import of a module this build skipped into an ImportError that says
+    why, instead of a bare ModuleNotFoundError. Finds nothing itself."""
 
     def find_spec(self, fullname, path=None, target=None):
         package, _, name = fullname.rpartition(".")
         if package != __name__ or name not in MODULES:
             return None
+        check_build_info()
         if importlib.machinery.PathFinder.find_spec(fullname, path) is not None:
             return None
         raise ImportError(
@@ -131,5 +135,4 @@ def load(name: str):
     return importlib.import_module(f"{__name__}.{name}")
 
 
-check_build_info()
-sys.meta_path.append(_UnbuiltModuleFinder())
+sys.meta_path.insert(0, _ModuleFinder())

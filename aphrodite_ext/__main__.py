@@ -53,6 +53,12 @@ def info_text() -> str:
         f"backend: {info['backend']}   archs: {' '.join(info['archs'])}",
         f"torch: built against {info['torch']['full']}, running {torch.__version__}",
     ]
+    try:
+        aphrodite_ext.check_build_info()
+        mismatch = None
+    except aphrodite_ext.BuildMismatchError as e:
+        mismatch = str(e)
+        lines.append(f"no module can load: {mismatch}")
     if torch.cuda.is_available():
         cap = "{}.{}".format(*torch.cuda.get_device_capability())
         lines.append(f"GPU: {torch.cuda.get_device_name()} (sm {cap})")
@@ -60,7 +66,7 @@ def info_text() -> str:
     for module in aphrodite_ext.MODULES:
         ok, why = aphrodite_ext.module_status(module)
         isa_error = None
-        if ok:
+        if ok and not mismatch:
             aphrodite_ext.load(module)
             if info["backend"] == "cpu":
                 isa = getattr(torch.ops, module).cpu_isa()
@@ -73,8 +79,8 @@ def info_text() -> str:
             if fam["module"] != module:
                 continue
             status = "available" if fam["built"] else "unavailable: " + fam["reason"]
-            if fam["built"] and isa_error:
-                status = "unavailable: " + isa_error
+            if fam["built"] and (mismatch or isa_error):
+                status = "unavailable: " + ("built for another torch" if mismatch else isa_error)
             rows += [(module, op, fam_name, status) for op in fam["ops"]]
     return "\n".join(lines + ["", _table(rows, ("module", "op", "family", "status"))])
 

@@ -1,5 +1,6 @@
 """`python -m aphrodite_ext info`: what this install holds and whether each op runs here."""
 
+import json
 import os
 import subprocess
 import sys
@@ -75,3 +76,71 @@ def test_an_install_that_cannot_run_under_this_torch_says_so(info, running, cuda
 )
 def test_an_install_that_can_run_passes(info, running, cuda):
     aphrodite_ext.check_build_info(info, torch_version=running, torch_cuda=cuda)
+
+
+def _mismatch(*args, **kwargs):
+    raise aphrodite_ext.BuildMismatchError("aphrodite_ext was built against torch 0.1")
+
+
+def test_a_module_import_checks_the_build_first(monkeypatch):
+    # _rocm_C is built on no CI backend and never imported here: the import reaches the finder.
+    monkeypatch.setattr(aphrodite_ext, "check_build_info", _mismatch)
+    with pytest.raises(aphrodite_ext.BuildMismatchError, match="built against torch 0.1"):
+        aphrodite_ext.load("_rocm_C")
+    monkeypatch.undo()
+    if aphrodite_ext.module_status("_rocm_C")[0]:
+        pytest.skip("_rocm_C is built here")
+    with pytest.raises(ImportError, match="aphrodite_ext._rocm_C is not available: ") as err:
+        aphrodite_ext.load("_rocm_C")
+    assert not isinstance(err.value, aphrodite_ext.BuildMismatchError)
+
+
+def test_info_under_another_torch_says_why_nothing_loads(built, monkeypatch):
+    from aphrodite_ext import __main__ as cli
+
+    monkeypatch.setattr(aphrodite_ext, "check_build_info", _mismatch)
+    out = cli.info_text()
+    assert "no module can load: aphrodite_ext was built against torch 0.1" in out
+    rows = [ln for ln in out.splitlines() if ln.startswith(("_C ", "_moe_C "))]
+    assert rows
+    for row in rows:
+        assert "available" not in row.replace("unavailable", ""), row
+    built_rows = [r for r in rows if "built for another torch" in r]
+    assert len(built_rows) == sum(
+        len(f["ops"])
+        for f in built["families"].values()
+        if f["built"] and f["module"] in ("_C", "_moe_C")
+    )
+
+
+def test_plan_reads_a_plan_file(tmp_path, capsys):
+    from aphrodite_ext import __main__ as cli
+
+    plan = {
+        "backend": "cuda",
+        "archs": ["8.0", "9.0a"],
+        "torch": {"full": "9.9.9+cu999"},
+        "toolchain": {"build_type": "Release"},
+        "families": {
+            "marlin": {
+                "module": "_C",
+                "built": True,
+                "archs": ["8.0", "9.0a"],
+                "sources": ["a", "b"],
+            },
+            "rocm_only": {
+                "module": "_rocm_C",
+                "built": False,
+                "reason": "needs ROCm",
+                "sources": [],
+            },
+        },
+        "modules": {"_C": {"built": True}, "_rocm_C": {"built": False, "reason": "needs ROCm"}},
+    }
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan))
+    assert cli.main(["plan", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "backend cuda, archs 8.0 9.0a, torch 9.9.9+cu999, Release" in out
+    assert "marlin" in out and "built: 8.0 9.0a" in out
+    assert "skipped: needs ROCm" in out
