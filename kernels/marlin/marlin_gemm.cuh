@@ -338,8 +338,12 @@ struct Config {
   /// Split-K through a thread block cluster (sm_90, launch_gemm_instance) puts the block's tile
   /// of fp32 sums in its shared memory. A wgmma block (an SM to itself, or two of 64 rows) asks
   /// for room for it where its pipeline holds less: the 128-row block's 5 stages are 125 KiB,
-  /// its tile 128 KiB.
-  static constexpr int kTileSumBytes = kBlockM * kBlockN * 4;
+  /// its tile 132 KiB.
+  /// Its rows are kBlockN + 8 floats apart: a warp's pair stores into rows a multiple of 32
+  /// banks apart would meet in 8 banks, 8 ways (8 wavefronts where 256 bytes take 2); 8 floats
+  /// more a row spread the rows of a store over all 32 banks.
+  static constexpr int kTileSumStride = kBlockN + 8;
+  static constexpr int kTileSumBytes = kBlockM * kTileSumStride * 4;
   static constexpr int kSmemBytes =
       (kWgmma && kTileSumBytes > kPipeBytes && kTileSumBytes <= kBudget) ? kTileSumBytes
                                                                          : kPipeBytes;
@@ -1028,14 +1032,15 @@ __global__ void __launch_bounds__(
     // Sums the tile's quads (4 columns of one row) first, first + step, ... over `slots` sources
     // in slot order (the result does not depend on which block sums) and stores them;
     // load(z, r, c) reads source z's quad at tile row r, column c. The loads of kBatch quads x up
-    // to 4 sources go out together: the accumulators are dead here, so their registers can hold
-    // loads in flight. (The global-memory path summed into the accumulators slot by slot, which
-    // kept about one load in flight a thread where they filled the registers. H100, 2026-11-26,
-    // f16 uint4b8, group 128, M = 128, 50 back-to-back calls, before / after: m64n256w split 4
-    // 37.9 / 29.1 us at 4096 x 4096 and 98.2 / 77.8 at 8192 x 8192, m128n256w split 4 62.2 /
-    // 43.7 and 82.9 / 64.5; kernels/marlin/NOTES.md.)
+    // to kSlots sources go out together: the accumulators are dead here, so their registers can
+    // hold loads in flight (8 sources spilled in the taller blocks). (The global-memory path
+    // summed into the accumulators slot by slot, which kept about one load in flight a thread
+    // where they filled the registers. H100, 2026-11-26, f16 uint4b8, group 128, M = 128, 50
+    // back-to-back calls, before / after: m64n256w split 4 37.9 / 29.1 us at 4096 x 4096 and
+    // 98.2 / 77.8 at 8192 x 8192, m128n256w split 4 62.2 / 43.7 and 82.9 / 64.5;
+    // kernels/marlin/NOTES.md.)
     auto sum_quads = [&](int first, int step, int slots, auto&& load) {
-      constexpr int kBatch = 2;
+      constexpr int kBatch = 2, kSlots = 4;
       const int rows = static_cast<int>(p.m - m0 < C::kBlockM ? p.m - m0 : C::kBlockM);
       const int quads = rows * (C::kBlockN / 4);
       for (int q0 = first; q0 < quads; q0 += kBatch * step) {
@@ -1050,17 +1055,17 @@ __global__ void __launch_bounds__(
           in[u] = q < quads && n0 + c[u] < p.n;  // N is a multiple of 64: all 4 in or all out
           sum[u] = make_float4(0.f, 0.f, 0.f, 0.f);
         }
-        for (int z0 = 0; z0 < slots; z0 += 4) {
-          float4 v[kBatch][4];
+        for (int z0 = 0; z0 < slots; z0 += kSlots) {
+          float4 v[kBatch][kSlots];
 #pragma unroll
           for (int u = 0; u < kBatch; ++u)
 #pragma unroll
-            for (int z = 0; z < 4; ++z)
+            for (int z = 0; z < kSlots; ++z)
               if (in[u] && z0 + z < slots) v[u][z] = load(z0 + z, r[u], c[u]);
 #pragma unroll
           for (int u = 0; u < kBatch; ++u)
 #pragma unroll
-            for (int z = 0; z < 4; ++z) {
+            for (int z = 0; z < kSlots; ++z) {
               if (in[u] && z0 + z < slots) {
                 sum[u].x += v[u][z].x;
                 sum[u].y += v[u][z].y;
@@ -1095,18 +1100,18 @@ __global__ void __launch_bounds__(
       const uint2 cluster = cluster_blocks_rank();
       const uint32_t blocks = cluster.x;
       if (blocks > 1) {
-        float* red = reinterpret_cast<float*>(smem);  // [kBlockM][kBlockN], tile-local
+        // The tile, tile-local, in rows of C::kTileSumStride floats.
+        float* const red = reinterpret_cast<float*>(smem);
+        auto red_at = [&](int r, int c) { return red + r * C::kTileSumStride + c; };
         __syncthreads();  // every warp is done with the pipeline's buffers
         for_each_pair([&](int64_t row, int64_t col, float v0, float v1) {
-          *reinterpret_cast<float2*>(red + (row - m0) * C::kBlockN + (col - n0)) =
-              make_float2(v0, v1);
+          *reinterpret_cast<float2*>(
+              red_at(static_cast<int>(row - m0), static_cast<int>(col - n0))) = make_float2(v0, v1);
         });
         cluster_sync();
         sum_quads(static_cast<int>(cluster.y) * C::kThreads + tid,
                   static_cast<int>(blocks) * C::kThreads, static_cast<int>(blocks),
-                  [&](int z, int r, int c) {
-                    return ld_cluster_f4(smem_addr(red + r * C::kBlockN + c), z);
-                  });
+                  [&](int z, int r, int c) { return ld_cluster_f4(smem_addr(red_at(r, c)), z); });
         cluster_sync();  // no block leaves while another still reads its shared memory
         continue;
       }
