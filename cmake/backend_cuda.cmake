@@ -53,6 +53,15 @@ macro(_aphrodite_backend_setup)
   aphrodite_parse_cuda_archs(APHRODITE_CUDA_ARCHS "${_requested}")
   aphrodite_check_cuda_archs_for_toolkit("${APHRODITE_CUDA_ARCHS}"
     "${CMAKE_CUDA_COMPILER_VERSION}")
+  # aphrodite_cuda_archs_intersect compiles a plain X.Y beside X.Ya as X.Ya only: say so here,
+  # where the list is read, rather than leave the plan to show an arch that was asked for missing.
+  foreach(_arch IN LISTS APHRODITE_CUDA_ARCHS)
+    if(_arch MATCHES "^[0-9]+\\.[0-9]+$" AND ("${_arch}a" IN_LIST APHRODITE_CUDA_ARCHS OR
+                                              "${_arch}a+PTX" IN_LIST APHRODITE_CUDA_ARCHS))
+      message(STATUS "aphrodite_ext: ${_arch} is compiled as ${_arch}a only (its code runs on "
+        "the same GPUs); write ${_arch}+PTX to keep ${_arch}'s PTX as well")
+    endif()
+  endforeach()
   set(APHRODITE_BUILD_ARCHS ${APHRODITE_CUDA_ARCHS})
   set(APHRODITE_BACKEND_DEFINE APHRODITE_BACKEND_GPU)
   set(APHRODITE_BACKEND_LIBRARIES ${C10_CUDA_LIBRARY} CUDA::cudart)

@@ -117,6 +117,19 @@ def test_arch_matrix(tmp_path, requested, built):
     assert len(generated) == 10
 
 
+def test_a_plain_arch_beside_its_a_variant_is_compiled_once(tmp_path):
+    # 9.0a code runs on every 9.0 GPU: "9.0 9.0a" compiles 9.0a only, and configure says so.
+    proc, build = configure(tmp_path, "8.0 9.0 9.0a")
+    assert proc.returncode == 0, proc.stderr
+    assert "9.0 is compiled as 9.0a only" in proc.stdout
+    plan = json.loads((build / "plan.json").read_text())
+    for family in CORE:
+        assert plan["families"][family]["archs"] == ["8.0", "9.0a"], family
+        for src in plan["families"][family]["sources"]:
+            codes = {f.rsplit("code=", 1)[1] for f in src["flags"]}
+            assert "sm_90" not in codes and "sm_90a" in codes, src
+
+
 def test_disabled_family_is_recorded_with_its_reason(tmp_path):
     proc, build = configure(tmp_path, "9.0a", "-DAPHRODITE_DISABLE_FAMILIES=topk_softmax")
     assert proc.returncode == 0, proc.stderr
