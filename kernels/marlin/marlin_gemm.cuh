@@ -336,17 +336,17 @@ struct Config {
   static constexpr int kPipeBytes =
       kStages * kStageBytes > kReduceBytes ? kStages * kStageBytes : kReduceBytes;
   /// Split-K through a thread block cluster (sm_90, launch_gemm_instance) puts the block's tile
-  /// of fp32 sums in its shared memory. A wgmma block (an SM to itself, or two of 64 rows) asks
-  /// for room for it where its pipeline holds less: the 128-row block's 5 stages are 125 KiB,
-  /// its tile 132 KiB.
+  /// of fp32 sums in its shared memory. A block asks for room for it where its pipeline holds
+  /// less and its budget allows: the 128-row wgmma block's 5 stages are 125 KiB, its tile
+  /// 132 KiB (an SM to itself either way); the 64-row mma.sync block with one scale per channel
+  /// has 64 KiB of stages, its tile 66 KiB (two an SM either way).
   /// Its rows are kBlockN + 8 floats apart: a warp's pair stores into rows a multiple of 32
   /// banks apart would meet in 8 banks, 8 ways (8 wavefronts where 256 bytes take 2); 8 floats
   /// more a row spread the rows of a store over all 32 banks.
   static constexpr int kTileSumStride = kBlockN + 8;
   static constexpr int kTileSumBytes = kBlockM * kTileSumStride * 4;
   static constexpr int kSmemBytes =
-      (kWgmma && kTileSumBytes > kPipeBytes && kTileSumBytes <= kBudget) ? kTileSumBytes
-                                                                         : kPipeBytes;
+      (kTileSumBytes > kPipeBytes && kTileSumBytes <= kBudget) ? kTileSumBytes : kPipeBytes;
   static_assert(kSmemBytes <= kBudget, "a block shape's pipeline must fit every target arch");
   static constexpr bool kClusterReduce = kTileSumBytes <= kSmemBytes;
   /// Dynamic shared memory to ask for: a wgmma block aligns its pipeline up to 1024 bytes.
