@@ -49,8 +49,9 @@
 #       R through PTX when R has +PTX or S has +PTX (e.g. 8.0+PTX vs 12.0 ->
 #       8.0+PTX); the highest non-Jetson one is taken and emitted as S+PTX.
 #       Whenever R has +PTX, the emitted arch gets +PTX too.
-#       A plain X.Y (without +PTX) is dropped where X.Ya is emitted too: the
-#       X.Ya code serves the same GPUs (9.0 and 9.0a requested -> 9.0a).
+#       Plain 9.0 (without +PTX) is dropped where 9.0a is emitted too: Hopper's
+#       9.0a code serves every GPU plain 9.0 code does (9.0 9.0a -> 9.0a). Plain
+#       10.0 or 12.0 stays beside 10.0a / 12.0a: it also serves 10.3 / 12.1.
 #       The result is normalised (so independent of input order) and may be
 #       empty; the caller decides what to report then.
 #
@@ -580,18 +581,15 @@ function(aphrodite_cuda_archs_intersect out_var)
   endforeach()
 
   _aphrodite_cuda_archs_normalize(_out ${_out})
-  # X.Ya code runs on exactly the X.Y GPUs, as plain X.Y code does: with both requested
-  # ("9.0 9.0a") every file would be compiled twice, and which of the two cubins an X.Y GPU
-  # loads would be the driver's choice. The plain one goes; X.Y+PTX stays for its PTX.
-  set(_kept "")
-  foreach(_arch IN LISTS _out)
-    if(_arch MATCHES "^[0-9]+\\.[0-9]+$" AND ("${_arch}a" IN_LIST _out OR
-                                              "${_arch}a+PTX" IN_LIST _out))
-      continue()
-    endif()
-    list(APPEND _kept "${_arch}")
-  endforeach()
-  set(${out_var} "${_kept}" PARENT_SCOPE)
+  # Hopper's 9.0a code runs on every GPU that plain 9.0 code runs on (there is no other 9.x
+  # GPU): with both requested ("9.0 9.0a") every file would be compiled twice, and which cubin
+  # an H100 loads would be the driver's choice. The plain one goes; 9.0+PTX stays for its PTX.
+  # Not so for the other `a` archs: plain 10.0 / 12.0 code also runs on 10.3 / 12.1 GPUs (and
+  # is emitted for them), their `a` code does not.
+  if("9.0" IN_LIST _out AND ("9.0a" IN_LIST _out OR "9.0a+PTX" IN_LIST _out))
+    list(REMOVE_ITEM _out "9.0")
+  endif()
+  set(${out_var} "${_out}" PARENT_SCOPE)
 endfunction()
 
 function(aphrodite_cuda_gencode_flags out_var)

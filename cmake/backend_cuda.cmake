@@ -53,16 +53,15 @@ macro(_aphrodite_backend_setup)
   aphrodite_parse_cuda_archs(APHRODITE_CUDA_ARCHS "${_requested}")
   aphrodite_check_cuda_archs_for_toolkit("${APHRODITE_CUDA_ARCHS}"
     "${CMAKE_CUDA_COMPILER_VERSION}")
-  # aphrodite_cuda_archs_intersect compiles a plain X.Y beside X.Ya as X.Ya only: say so here,
-  # where the list is read, rather than leave the plan to show an arch that was asked for missing.
-  foreach(_arch IN LISTS APHRODITE_CUDA_ARCHS)
-    if(_arch MATCHES "^[0-9]+\\.[0-9]+$" AND ("${_arch}a" IN_LIST APHRODITE_CUDA_ARCHS OR
-                                              "${_arch}a+PTX" IN_LIST APHRODITE_CUDA_ARCHS))
-      message(STATUS "aphrodite_ext: ${_arch} is compiled as ${_arch}a only (its code runs on "
-        "the same GPUs); write ${_arch}+PTX to keep ${_arch}'s PTX as well")
-    endif()
-  endforeach()
+  # aphrodite_cuda_archs_intersect compiles plain 9.0 beside 9.0a as 9.0a only: say so here,
+  # where the list is read, and record the archs that are built.
   set(APHRODITE_BUILD_ARCHS ${APHRODITE_CUDA_ARCHS})
+  if("9.0" IN_LIST APHRODITE_CUDA_ARCHS AND ("9.0a" IN_LIST APHRODITE_CUDA_ARCHS OR
+                                             "9.0a+PTX" IN_LIST APHRODITE_CUDA_ARCHS))
+    message(STATUS "aphrodite_ext: 9.0 is compiled as 9.0a only (9.0a code runs on every 9.0 "
+      "GPU); write 9.0+PTX to keep 9.0's PTX as well")
+    list(REMOVE_ITEM APHRODITE_BUILD_ARCHS "9.0")
+  endif()
   set(APHRODITE_BACKEND_DEFINE APHRODITE_BACKEND_GPU)
   set(APHRODITE_BACKEND_LIBRARIES ${C10_CUDA_LIBRARY} CUDA::cudart)
   message(STATUS "aphrodite_ext: backend cuda, nvcc ${CMAKE_CUDA_COMPILER_VERSION}, "

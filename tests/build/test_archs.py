@@ -29,9 +29,13 @@ INTERSECT_CASES = [
     ("12.0", "12.0a", "12.0a"),
     ("12.0", "12.1a", "12.0"),
     ("12.0a", "12.0f", ""),
-    # A plain arch beside its `a` variant is not compiled twice: the `a` code serves the
-    # same GPUs; X.Y+PTX stays for its PTX.
-    ("10.0", "10.0;10.0a", "10.0a"),
+    # Plain 9.0 beside 9.0a is not compiled twice: 9.0a code serves every 9.0 GPU; 9.0+PTX
+    # stays for its PTX. Plain 10.0 / 12.0 stay beside their `a` variants: they also serve the
+    # later minors (10.3, 12.1), which `a` code does not.
+    ("10.0", "10.0;10.0a", "10.0;10.0a"),
+    ("12.0", "12.0a;12.1", "12.0;12.0a"),
+    ("8.0;9.0;10.0", "10.0a;10.3", "10.0;10.0a"),
+    ("12.0;12.0a", "12.0;12.0a", "12.0;12.0a"),
     ("9.0;9.0a", "9.0;9.0a", "9.0a"),
     ("8.0;9.0", "8.0;9.0;9.0a", "8.0;9.0a"),
     ("9.0", "9.0+PTX;9.0a", "9.0+PTX;9.0a"),
