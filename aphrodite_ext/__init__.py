@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.abc
-import importlib.machinery
 import json
 import sys
 from functools import cache
@@ -112,18 +111,31 @@ def module_status(name: str) -> tuple[bool, str]:
     return True, ""
 
 
-class _ModuleFinder(importlib.abc.MetaPathFinder):
-    """Runs before `import aphrodite_ext.<module>` finds an extension module: checks the build
-    info against the running torch (BuildMismatchError, before torch's C++ ABI can break in the
-    loader), and turns the import of a module this build skipped into an ImportError that says
-    why, instead of a bare ModuleNotFoundError. Finds nothing itself."""
+def _extension_module(fullname: str) -> str | None:
+    """The module name of `aphrodite_ext.<module>` for an extension module, else None."""
+    package, _, name = fullname.rpartition(".")
+    return name if package == __name__ and name in MODULES else None
+
+
+class _BuildCheck(importlib.abc.MetaPathFinder):
+    """First on sys.meta_path: before `import aphrodite_ext.<module>` loads an extension module,
+    checks the build info against the running torch (BuildMismatchError, before torch's C++ ABI
+    can break in the loader). Finds nothing itself."""
 
     def find_spec(self, fullname, path=None, target=None):
-        package, _, name = fullname.rpartition(".")
-        if package != __name__ or name not in MODULES:
-            return None
-        check_build_info()
-        if importlib.machinery.PathFinder.find_spec(fullname, path) is not None:
+        if _extension_module(fullname) is not None:
+            check_build_info()
+        return None
+
+
+class _UnbuiltModuleFinder(importlib.abc.MetaPathFinder):
+    """Last on sys.meta_path: turns `import aphrodite_ext.<module>` of a module no finder found
+    (one this build skipped) into an ImportError that says why, instead of a bare
+    ModuleNotFoundError."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        name = _extension_module(fullname)
+        if name is None:
             return None
         raise ImportError(
             f"aphrodite_ext.{name} is not available: {module_status(name)[1]}", name=fullname
@@ -135,4 +147,5 @@ def load(name: str):
     return importlib.import_module(f"{__name__}.{name}")
 
 
-sys.meta_path.insert(0, _ModuleFinder())
+sys.meta_path.insert(0, _BuildCheck())
+sys.meta_path.append(_UnbuiltModuleFinder())
