@@ -342,7 +342,8 @@ struct Config {
   /// has 64 KiB of stages, its tile 66 KiB (two an SM either way).
   /// Its rows are kBlockN + 8 floats apart: a warp's pair stores into rows a multiple of 32
   /// banks apart would meet in 8 banks, 8 ways (8 wavefronts where 256 bytes take 2); 8 floats
-  /// more a row spread the rows of a store over all 32 banks.
+  /// more a row spread the mma.sync layout's stores over all 32 banks (the wgmma layout's still
+  /// meet 2 ways; kBlockN + 4 would spread them: kernels/marlin/NOTES.md).
   static constexpr int kTileSumStride = kBlockN + 8;
   static constexpr int kTileSumBytes = kBlockM * kTileSumStride * 4;
   static constexpr int kSmemBytes =
