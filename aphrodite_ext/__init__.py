@@ -120,17 +120,23 @@ def _extension_module(fullname: str) -> str | None:
 class _BuildCheck(importlib.abc.MetaPathFinder):
     """First on sys.meta_path: before `import aphrodite_ext.<module>` loads an extension module,
     checks the build info against the running torch (BuildMismatchError, before torch's C++ ABI
-    can break in the loader). Finds nothing itself."""
+    can break in the loader), and refuses a module the recorded build skipped, even where a file
+    of that name is left from an earlier build (another backend's). Finds nothing itself."""
 
     def find_spec(self, fullname, path=None, target=None):
-        if _extension_module(fullname) is not None:
-            check_build_info()
+        name = _extension_module(fullname)
+        if name is None:
+            return None
+        check_build_info()
+        built, why = module_status(name)
+        if build_info() and not built:
+            raise ImportError(f"aphrodite_ext.{name} is not available: {why}", name=fullname)
         return None
 
 
 class _UnbuiltModuleFinder(importlib.abc.MetaPathFinder):
     """Last on sys.meta_path: turns `import aphrodite_ext.<module>` of a module no finder found
-    (one this build skipped) into an ImportError that says why, instead of a bare
+    (no build at all) into an ImportError that says why, instead of a bare
     ModuleNotFoundError."""
 
     def find_spec(self, fullname, path=None, target=None):

@@ -82,6 +82,20 @@ def _mismatch(*args, **kwargs):
     raise aphrodite_ext.BuildMismatchError("aphrodite_ext was built against torch 0.1")
 
 
+def test_a_module_the_build_skipped_is_refused_even_if_a_file_is_left(built, monkeypatch, tmp_path):
+    # A module of another backend's earlier build can be left in the package directory: the
+    # recorded build decides, not the file.
+    unbuilt = next(
+        (m for m in aphrodite_ext.MODULES if not aphrodite_ext.module_status(m)[0]), None
+    )
+    if unbuilt is None or f"aphrodite_ext.{unbuilt}" in sys.modules:
+        pytest.skip("every extension module is built here")
+    (tmp_path / f"{unbuilt}.py").write_text("raise AssertionError('a left-over module loaded')\n")
+    monkeypatch.setattr(aphrodite_ext, "__path__", [*aphrodite_ext.__path__, str(tmp_path)])
+    with pytest.raises(ImportError, match=f"aphrodite_ext.{unbuilt} is not available: "):
+        aphrodite_ext.load(unbuilt)
+
+
 def test_a_module_import_checks_the_build_first(monkeypatch):
     # An unbuilt module is never imported, so its import reaches the finders every time.
     unbuilt = next(
