@@ -581,15 +581,21 @@ function(aphrodite_cuda_archs_intersect out_var)
   endforeach()
 
   _aphrodite_cuda_archs_normalize(_out ${_out})
-  # Hopper's 9.0a code runs on every GPU that plain 9.0 code runs on (there is no other 9.x
-  # GPU): with both requested ("9.0 9.0a") every file would be compiled twice, and which cubin
-  # an H100 loads would be the driver's choice. The plain one goes; 9.0+PTX stays for its PTX.
-  # Not so for the other `a` archs: plain 10.0 / 12.0 code also runs on 10.3 / 12.1 GPUs (and
-  # is emitted for them), their `a` code does not.
-  if("9.0" IN_LIST _out AND ("9.0a" IN_LIST _out OR "9.0a+PTX" IN_LIST _out))
-    list(REMOVE_ITEM _out "9.0")
-  endif()
+  _aphrodite_cuda_archs_fold_hopper(_out ${_out})
   set(${out_var} "${_out}" PARENT_SCOPE)
+endfunction()
+
+# The archs without plain 9.0 where 9.0a (or 9.0a+PTX) is among them. Hopper's 9.0a code runs
+# on every GPU that plain 9.0 code runs on (there is no other 9.x GPU): with both ("9.0 9.0a")
+# every file would be compiled twice, and which cubin an H100 loads would be the driver's
+# choice. 9.0+PTX stays for its PTX. Not so for the other `a` archs: plain 10.0 / 12.0 code
+# also runs on 10.3 / 12.1 GPUs (and is emitted for them), their `a` code does not.
+function(_aphrodite_cuda_archs_fold_hopper out_var)
+  set(_archs ${ARGN})
+  if("9.0" IN_LIST _archs AND ("9.0a" IN_LIST _archs OR "9.0a+PTX" IN_LIST _archs))
+    list(REMOVE_ITEM _archs "9.0")
+  endif()
+  set(${out_var} "${_archs}" PARENT_SCOPE)
 endfunction()
 
 function(aphrodite_cuda_gencode_flags out_var)

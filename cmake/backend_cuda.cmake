@@ -55,12 +55,10 @@ macro(_aphrodite_backend_setup)
     "${CMAKE_CUDA_COMPILER_VERSION}")
   # aphrodite_cuda_archs_intersect compiles plain 9.0 beside 9.0a as 9.0a only: say so here,
   # where the list is read, and record the archs that are built.
-  set(APHRODITE_BUILD_ARCHS ${APHRODITE_CUDA_ARCHS})
-  if("9.0" IN_LIST APHRODITE_CUDA_ARCHS AND ("9.0a" IN_LIST APHRODITE_CUDA_ARCHS OR
-                                             "9.0a+PTX" IN_LIST APHRODITE_CUDA_ARCHS))
+  _aphrodite_cuda_archs_fold_hopper(APHRODITE_BUILD_ARCHS ${APHRODITE_CUDA_ARCHS})
+  if(NOT APHRODITE_BUILD_ARCHS STREQUAL APHRODITE_CUDA_ARCHS)
     message(STATUS "aphrodite_ext: 9.0 is compiled as 9.0a only (9.0a code runs on every 9.0 "
       "GPU); write 9.0+PTX to keep 9.0's PTX as well")
-    list(REMOVE_ITEM APHRODITE_BUILD_ARCHS "9.0")
   endif()
   set(APHRODITE_BACKEND_DEFINE APHRODITE_BACKEND_GPU)
   set(APHRODITE_BACKEND_LIBRARIES ${C10_CUDA_LIBRARY} CUDA::cudart)
