@@ -338,13 +338,14 @@ struct Config {
   /// Split-K through a thread block cluster (sm_90, launch_gemm_instance) puts the block's tile
   /// of fp32 sums in its shared memory. A block asks for room for it where its pipeline holds
   /// less and its budget allows: the 128-row wgmma block's 5 stages are 125 KiB, its tile
-  /// 132 KiB (an SM to itself either way); the 64-row mma.sync block with one scale per channel
+  /// 130 KiB (an SM to itself either way); the 64-row mma.sync block with one scale per channel
   /// has 64 KiB of stages, its tile 66 KiB (two an SM either way).
-  /// Its rows are kBlockN + 8 floats apart: a warp's pair stores into rows a multiple of 32
-  /// banks apart would meet in 8 banks, 8 ways (8 wavefronts where 256 bytes take 2); 8 floats
-  /// more a row spread the mma.sync layout's stores over all 32 banks (the wgmma layout's still
-  /// meet 2 ways; kBlockN + 4 would spread them: kernels/marlin/NOTES.md).
-  static constexpr int kTileSumStride = kBlockN + 8;
+  /// Its rows are a few floats more than kBlockN apart: a warp's pair stores into rows a
+  /// multiple of 32 banks apart would meet in 8 banks, 8 ways (8 wavefronts where 256 bytes take
+  /// 2). A half-warp's stores cover 4 rows x 8 columns in the mma.sync layout (rows g, columns
+  /// 2t), which 8 floats more a row spread over all 32 banks, and 8 rows x 4 columns in the wgmma
+  /// layout (rows 2t + (g & 1)), which takes 4 (rows stay 16-byte aligned for the float4 sums).
+  static constexpr int kTileSumStride = kBlockN + (kWgmma ? 4 : 8);
   static constexpr int kTileSumBytes = kBlockM * kTileSumStride * 4;
   static constexpr int kSmemBytes =
       (kTileSumBytes > kPipeBytes && kTileSumBytes <= kBudget) ? kTileSumBytes : kPipeBytes;
