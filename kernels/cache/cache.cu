@@ -16,6 +16,7 @@
 // Torch-free.
 #include "cache/cache.h"
 
+#include <cstddef>
 #include <cstdint>
 #include <initializer_list>
 #include <type_traits>
@@ -189,19 +190,19 @@ struct WalkDivs {
   FastDiv value_n;
   FastDiv full_tile;
   FastDiv last_tile;
-  FastDiv block_size;  ///< slot / block_size (the one-step kernel)
 };
 
-/// The cache element offset (from its head's base) of an int64 slot read from slot_mapping, in
-/// 32 bits, or -1 for padding (negative) and out-of-range slots, which are skipped. num_slots <
-/// 2^31 (one unsigned compare covers both ends), and every offset fits an int.
-__device__ __forceinline__ int slot_row32(int64_t slot, int num_slots, const FastDiv& block_size,
-                                          int bs, int block_stride, int slot_stride) {
-  if (static_cast<uint64_t>(slot) >= static_cast<uint64_t>(num_slots)) return -1;
-  const int s = static_cast<int>(slot);
-  const int block = static_cast<int>(block_size.div(static_cast<uint32_t>(s)));
-  return block * block_stride + (s - block * bs) * slot_stride;
-}
+/// The pieces the kernels move. Keys (and flash values) in chunks of kCh elements: whole
+/// x-chunks in the paged layout (head_size is a multiple of x there), single elements for
+/// misaligned flash caches. Paged values are read kVe elements at a time and stored one by one,
+/// block_size apart.
+template <typename In, typename Out, bool kFlash, bool kVec, bool kFineValues>
+struct Pieces {
+  static constexpr int kX = 16 / sizeof(Out);  ///< cache elements per 16-byte chunk
+  static constexpr int kCh = (kVec || !kFlash) ? kX : 1;
+  static constexpr int kVe =
+      kFlash ? kCh : (kVec ? static_cast<int>((kFineValues ? 4 : 16) / sizeof(In)) : 1);
+};
 
 /// Grid: (ceil(num_tokens / kTileTokens), num_kv_heads, parts); at most kThreads threads. The
 /// parts of a tile's blocks take its items in turn, a block's threads at a time. A thread loads
@@ -211,94 +212,12 @@ __device__ __forceinline__ int slot_row32(int64_t slot, int num_slots, const Fas
 /// uint8_t for fp8 caches. kVec: 16-byte accesses (pointers, strides and head_size allow them).
 /// kFineValues (paged, small problems): paged values are read 4 bytes at a time, so that their
 /// one-store-an-element scatter spreads over 4x the threads.
-/// kOneStep32: the grid's threads cover every item of a tile (a thread takes at most one key
-/// and one value item: no loop) and every element offset fits an int (32-bit index arithmetic,
-/// slots split by a FastDiv); the decode sizes' kernel.
-template <typename In, typename Out, bool kFlash, bool kVec, bool kFineValues = false,
-          bool kOneStep32 = false>
+template <typename In, typename Out, bool kFlash, bool kVec, bool kFineValues = false>
 __global__ void __launch_bounds__(kThreads)
     reshape_and_cache_kernel(const ReshapeAndCacheProblem p, const int block_shift,
                              const WalkDivs divs) {
-  constexpr int kX = 16 / sizeof(Out);  // cache elements per 16-byte chunk
-  // Keys (and flash values) move in chunks of kCh elements: whole x-chunks in the paged layout
-  // (head_size is a multiple of x there), single elements for misaligned flash caches.
-  constexpr int kCh = (kVec || !kFlash) ? kX : 1;
-  // Paged values are read kVe elements at a time and stored one by one, block_size apart.
-  constexpr int kValueBytes = kFineValues ? 4 : 16;
-  constexpr int kVe = kFlash ? kCh : (kVec ? static_cast<int>(kValueBytes / sizeof(In)) : 1);
-
-  if constexpr (kOneStep32) {
-    const int t0 = static_cast<int>(blockIdx.x) * kTileTokens;
-    const int h = static_cast<int>(blockIdx.y);
-    const int left = static_cast<int>(p.num_tokens) - t0;
-    const int tile = left < kTileTokens ? left : kTileTokens;
-    const int key_n = static_cast<int>(p.head_size) / kCh;
-    const int value_n = static_cast<int>(p.head_size) / kVe;
-    const int i = static_cast<int>(blockIdx.z * blockDim.x + threadIdx.x);
-    const bool has_key = i < tile * key_n;
-    const bool has_value = i < tile * value_n;
-    // Keys chunk-fastest; values chunk-fastest (flash) or token-fastest (paged).
-    const int kt = static_cast<int>(divs.key_n.div(static_cast<uint32_t>(i)));
-    const int kc = i - kt * key_n;
-    int vt, vc;
-    if constexpr (kFlash) {
-      vt = static_cast<int>(divs.value_n.div(static_cast<uint32_t>(i)));
-      vc = i - vt * value_n;
-    } else {
-      const FastDiv& tile_div = tile == kTileTokens ? divs.full_tile : divs.last_tile;
-      vc = static_cast<int>(tile_div.div(static_cast<uint32_t>(i)));
-      vt = i - vc * tile;
-    }
-    const In* key = static_cast<const In*>(p.key);
-    const In* value = static_cast<const In*>(p.value);
-    Chunk<In, kCh> k_in;
-    Chunk<In, kVe> v_in;
-    if (has_key) {
-      load_chunk<In, kCh, kVec>(k_in, key + ((t0 + kt) * static_cast<int>(p.key_token_stride) +
-                                             h * static_cast<int>(p.key_head_stride) + kc * kCh));
-    }
-    if (has_value) {
-      load_chunk<In, kVe, kVec>(v_in,
-                                value + ((t0 + vt) * static_cast<int>(p.value_token_stride) +
-                                         h * static_cast<int>(p.value_head_stride) + vc * kVe));
-    }
-    const int64_t k_slot = has_key ? p.slot_mapping[t0 + kt] : -1;
-    const int64_t v_slot = has_value ? p.slot_mapping[t0 + vt] : -1;
-    float inv_k = 1.0f, inv_v = 1.0f;
-    if constexpr (!std::is_same_v<In, Out>) {
-      inv_k = 1.0f / *p.k_scale;
-      inv_v = 1.0f / *p.v_scale;
-    }
-    const int num_slots = static_cast<int>(p.num_slots);
-    const int bs = static_cast<int>(p.block_size);
-    // Within a head, key chunk c of slot offset o sits at o * key_slot_stride + c *
-    // key_chunk_stride: paged (c * block_size + o) * x, flash o * slot_stride + c * kCh.
-    const int key_slot_stride = kFlash ? static_cast<int>(p.key_cache_slot_stride) : kX;
-    const int key_chunk_stride = kFlash ? kCh : bs * kX;
-    const int value_slot_stride = kFlash ? static_cast<int>(p.value_cache_slot_stride) : 1;
-    const int k_row = slot_row32(k_slot, num_slots, divs.block_size, bs,
-                                 static_cast<int>(p.key_cache_block_stride), key_slot_stride);
-    const int v_row = slot_row32(v_slot, num_slots, divs.block_size, bs,
-                                 static_cast<int>(p.value_cache_block_stride), value_slot_stride);
-    if (k_row >= 0) {
-      Out* key_cache = static_cast<Out*>(p.key_cache);
-      store_chunk<Out, kCh, kVec>(key_cache + (h * static_cast<int>(p.key_cache_head_stride) +
-                                               k_row + kc * key_chunk_stride),
-                                  to_cache_chunk<Out>(k_in, inv_k));
-    }
-    if (v_row >= 0) {
-      Out* value_cache = static_cast<Out*>(p.value_cache) +
-                         (h * static_cast<int>(p.value_cache_head_stride) + v_row);
-      if constexpr (kFlash) {
-        store_chunk<Out, kCh, kVec>(value_cache + vc * kCh, to_cache_chunk<Out>(v_in, inv_v));
-      } else {
-        Out* d = value_cache + vc * kVe * bs;
-#pragma unroll
-        for (int j = 0; j < kVe; ++j) d[j * bs] = to_cache<Out>(v_in.v[j], inv_v);
-      }
-    }
-    return;
-  }
+  using P = Pieces<In, Out, kFlash, kVec, kFineValues>;
+  constexpr int kX = P::kX, kCh = P::kCh, kVe = P::kVe;
 
   const int64_t t0 = static_cast<int64_t>(blockIdx.x) * kTileTokens;
   const int64_t h = blockIdx.y;
@@ -381,6 +300,126 @@ bool offsets_fit_int(std::initializer_list<std::pair<int64_t, int64_t>> dims, in
   return true;
 }
 
+/// The one-step kernel's parameters: 32-bit, and packed so that everything it reads of them
+/// (but the fp8 scales) lies in their first 112 bytes, two aligned 64-byte blocks on sm_90,
+/// where kernel parameters start at byte 0x210. ReshapeAndCacheProblem and WalkDivs spread
+/// them over four, and ptxas read some under a load's predicate, after the first ones had
+/// arrived; this layout took 0.12-0.18 us off the flash kernel and 0.25-0.3 us off the paged
+/// call at decode sizes on an H100 (kernels/cache/NOTES.md).
+struct OneStepArgs {
+  const void* key;
+  const void* value;
+  const int64_t* slot_mapping;
+  void* key_cache;
+  void* value_cache;
+  int num_tokens, head_size, num_slots, block_size;
+  int key_token_stride, key_head_stride, value_token_stride, value_head_stride;
+  int key_cache_block_stride, key_cache_head_stride, key_cache_slot_stride;
+  int value_cache_block_stride, value_cache_head_stride, value_cache_slot_stride;
+  /// Multipliers of three FastDivs (key pieces of a row; the value walk's: flash value pieces of
+  /// a row, paged the last tile's tokens; block_size), and their shifts a byte each.
+  uint32_t key_mul, value_mul, block_mul, shifts;
+  const float* k_scale;  ///< fp8 caches
+  const float* v_scale;
+
+  __device__ __forceinline__ FastDiv div(uint32_t mul, int i) const {
+    FastDiv d;
+    d.mul = mul;
+    d.shift = (shifts >> (8 * i)) & 0xff;
+    return d;
+  }
+};
+static_assert(offsetof(OneStepArgs, k_scale) == 112, "the one-step parameters' first 112 bytes");
+
+/// The cache element offset (from its head's base) of an int64 slot read from slot_mapping, in
+/// 32 bits, or -1 for padding (negative) and out-of-range slots, which are skipped. num_slots <
+/// 2^31 (one unsigned compare covers both ends), and every offset fits an int.
+__device__ __forceinline__ int slot_row32(int64_t slot, int num_slots, const FastDiv& block_size,
+                                          int bs, int block_stride, int slot_stride) {
+  if (static_cast<uint64_t>(slot) >= static_cast<uint64_t>(num_slots)) return -1;
+  const int s = static_cast<int>(slot);
+  const int block = static_cast<int>(block_size.div(static_cast<uint32_t>(s)));
+  return block * block_stride + (s - block * bs) * slot_stride;
+}
+
+/// The decode sizes' kernel: the grid's threads cover every item of a tile (a thread takes at
+/// most one key and one value item: no loop) and every element offset fits an int. Grid and
+/// pieces as reshape_and_cache_kernel's. A thread issues its loads (inputs and both slots)
+/// before anything waits for them: one memory round trip, then the stores.
+template <typename In, typename Out, bool kFlash, bool kVec, bool kFineValues>
+__global__ void __launch_bounds__(kThreads) reshape_and_cache_one_step_kernel(const OneStepArgs a) {
+  using P = Pieces<In, Out, kFlash, kVec, kFineValues>;
+  constexpr int kX = P::kX, kCh = P::kCh, kVe = P::kVe;
+  const int t0 = static_cast<int>(blockIdx.x) * kTileTokens;
+  const int h = static_cast<int>(blockIdx.y);
+  const int left = a.num_tokens - t0;
+  const int tile = left < kTileTokens ? left : kTileTokens;
+  const int key_n = a.head_size / kCh;
+  const int value_n = a.head_size / kVe;
+  const int i = static_cast<int>(blockIdx.z * blockDim.x + threadIdx.x);
+  // Keys chunk-fastest; values chunk-fastest (flash) or token-fastest (paged: a warp's stores of
+  // one element index land on consecutive tokens' slots).
+  const int kt = static_cast<int>(a.div(a.key_mul, 0).div(static_cast<uint32_t>(i)));
+  const int kc = i - kt * key_n;
+  int vt, vc;
+  if constexpr (kFlash) {
+    vt = static_cast<int>(a.div(a.value_mul, 1).div(static_cast<uint32_t>(i)));
+    vc = i - vt * value_n;
+  } else {
+    static_assert(kTileTokens == 32, "a full tile's value walk divides by a shift");
+    vc = tile == kTileTokens
+             ? i >> 5
+             : static_cast<int>(a.div(a.value_mul, 1).div(static_cast<uint32_t>(i)));
+    vt = i - vc * tile;
+  }
+  const bool has_key = kt < tile, has_value = kFlash ? vt < tile : vc < value_n;
+  const int kt_in = has_key ? kt : 0, vt_in = has_value ? vt : 0;
+  Chunk<In, kCh> k_in;
+  Chunk<In, kVe> v_in;
+  if (has_key) {
+    load_chunk<In, kCh, kVec>(
+        k_in, static_cast<const In*>(a.key) +
+                  ((t0 + kt) * a.key_token_stride + h * a.key_head_stride + kc * kCh));
+  }
+  if (has_value) {
+    load_chunk<In, kVe, kVec>(
+        v_in, static_cast<const In*>(a.value) +
+                  ((t0 + vt) * a.value_token_stride + h * a.value_head_stride + vc * kVe));
+  }
+  const int64_t k_slot_in = a.slot_mapping[t0 + kt_in], v_slot_in = a.slot_mapping[t0 + vt_in];
+  float inv_k = 1.0f, inv_v = 1.0f;
+  if constexpr (!std::is_same_v<In, Out>) {
+    inv_k = 1.0f / *a.k_scale;
+    inv_v = 1.0f / *a.v_scale;
+  }
+  const FastDiv block_div = a.div(a.block_mul, 2);
+  const int bs = a.block_size;
+  // Within a head, key chunk c of slot offset o sits at o * key_slot_stride + c *
+  // key_chunk_stride: paged (c * block_size + o) * x, flash o * slot_stride + c * kCh.
+  const int key_slot_stride = kFlash ? a.key_cache_slot_stride : kX;
+  const int key_chunk_stride = kFlash ? kCh : bs * kX;
+  const int value_slot_stride = kFlash ? a.value_cache_slot_stride : 1;
+  const int k_row = slot_row32(has_key ? k_slot_in : -1, a.num_slots, block_div, bs,
+                               a.key_cache_block_stride, key_slot_stride);
+  const int v_row = slot_row32(has_value ? v_slot_in : -1, a.num_slots, block_div, bs,
+                               a.value_cache_block_stride, value_slot_stride);
+  if (k_row >= 0) {
+    store_chunk<Out, kCh, kVec>(static_cast<Out*>(a.key_cache) +
+                                    (h * a.key_cache_head_stride + k_row + kc * key_chunk_stride),
+                                to_cache_chunk<Out>(k_in, inv_k));
+  }
+  if (v_row >= 0) {
+    Out* value_cache = static_cast<Out*>(a.value_cache) + (h * a.value_cache_head_stride + v_row);
+    if constexpr (kFlash) {
+      store_chunk<Out, kCh, kVec>(value_cache + vc * kCh, to_cache_chunk<Out>(v_in, inv_v));
+    } else {
+      Out* d = value_cache + vc * kVe * bs;
+#pragma unroll
+      for (int j = 0; j < kVe; ++j) d[j * bs] = to_cache<Out>(v_in.v[j], inv_v);
+    }
+  }
+}
+
 /// Whether every element offset reshape_and_cache forms for p (inputs and caches) and every slot
 /// fits an int.
 bool reshape_offsets_fit_int(const ReshapeAndCacheProblem& p) {
@@ -453,46 +492,64 @@ gpuError_t launch_reshape_typed(const ReshapeAndCacheProblem& p, gpuStream_t str
   const int64_t value_piece = flash ? key_piece : (vec ? (fine ? 4 : 16) / in_size : 1);
   const int64_t last_tile = p.num_tokens - (tiles - 1) * kTileTokens;
   auto div_by = [](int64_t d) { return FastDiv(static_cast<uint32_t>(d > 1 ? d : 1)); };
-  const WalkDivs divs{div_by(p.head_size / key_piece), div_by(p.head_size / value_piece),
-                      div_by(kTileTokens), div_by(last_tile), div_by(p.block_size)};
-  // One item a thread (the parts' threads cover a tile's pieces) and 32-bit offsets.
+  const FastDiv key_div = div_by(p.head_size / key_piece);
+  // The kernel's flags: flash, vec, fine (16-bit inputs only).
+  auto with_flags = [&](auto&& launch) {
+    using T = std::true_type;
+    using F = std::false_type;
+    if (flash) {
+      vec ? launch(T{}, T{}, F{}) : launch(T{}, F{}, F{});
+    } else if (fine) {
+      if constexpr (in_size == 2) launch(F{}, T{}, T{});
+    } else {
+      vec ? launch(F{}, T{}, F{}) : launch(F{}, F{}, F{});
+    }
+  };
+  // One item a thread (the parts' threads cover a tile's pieces) and 32-bit offsets: the
+  // one-step kernel.
   const int64_t tile_items = (p.num_tokens < kTileTokens ? p.num_tokens : kTileTokens) *
                              (p.head_size / (key_piece < value_piece ? key_piece : value_piece));
   if (parts * threads >= tile_items && p.block_size <= INT32_MAX && reshape_offsets_fit_int(p)) {
-    if (flash && vec) {
-      reshape_and_cache_kernel<In, Out, true, true, false, true>
-          <<<grid, block, 0, stream>>>(p, block_shift, divs);
-    } else if (flash) {
-      reshape_and_cache_kernel<In, Out, true, false, false, true>
-          <<<grid, block, 0, stream>>>(p, block_shift, divs);
-    } else if (fine) {
-      if constexpr (in_size == 2) {
-        reshape_and_cache_kernel<In, Out, false, true, true, true>
-            <<<grid, block, 0, stream>>>(p, block_shift, divs);
-      }
-    } else if (vec) {
-      reshape_and_cache_kernel<In, Out, false, true, false, true>
-          <<<grid, block, 0, stream>>>(p, block_shift, divs);
-    } else {
-      reshape_and_cache_kernel<In, Out, false, false, false, true>
-          <<<grid, block, 0, stream>>>(p, block_shift, divs);
-    }
-  } else if (flash && vec) {
-    reshape_and_cache_kernel<In, Out, true, true><<<grid, block, 0, stream>>>(p, block_shift, divs);
-  } else if (flash) {
-    reshape_and_cache_kernel<In, Out, true, false>
-        <<<grid, block, 0, stream>>>(p, block_shift, divs);
-  } else if (fine) {
-    if constexpr (in_size == 2) {
-      reshape_and_cache_kernel<In, Out, false, true, true>
-          <<<grid, block, 0, stream>>>(p, block_shift, divs);
-    }
-  } else if (vec) {
-    reshape_and_cache_kernel<In, Out, false, true>
-        <<<grid, block, 0, stream>>>(p, block_shift, divs);
+    const FastDiv value_div = div_by(flash ? p.head_size / value_piece : last_tile);
+    const FastDiv block_div = div_by(p.block_size);
+    auto i32 = [](int64_t v) { return static_cast<int>(v); };
+    const OneStepArgs a{p.key,
+                        p.value,
+                        p.slot_mapping,
+                        p.key_cache,
+                        p.value_cache,
+                        i32(p.num_tokens),
+                        i32(p.head_size),
+                        i32(p.num_slots),
+                        i32(p.block_size),
+                        i32(p.key_token_stride),
+                        i32(p.key_head_stride),
+                        i32(p.value_token_stride),
+                        i32(p.value_head_stride),
+                        i32(p.key_cache_block_stride),
+                        i32(p.key_cache_head_stride),
+                        i32(p.key_cache_slot_stride),
+                        i32(p.value_cache_block_stride),
+                        i32(p.value_cache_head_stride),
+                        i32(p.value_cache_slot_stride),
+                        key_div.mul,
+                        value_div.mul,
+                        block_div.mul,
+                        key_div.shift | value_div.shift << 8 | block_div.shift << 16,
+                        p.k_scale,
+                        p.v_scale};
+    with_flags([&](auto flash_, auto vec_, auto fine_) {
+      reshape_and_cache_one_step_kernel<In, Out, decltype(flash_)::value, decltype(vec_)::value,
+                                        decltype(fine_)::value><<<grid, block, 0, stream>>>(a);
+    });
   } else {
-    reshape_and_cache_kernel<In, Out, false, false>
-        <<<grid, block, 0, stream>>>(p, block_shift, divs);
+    const WalkDivs divs{key_div, div_by(p.head_size / value_piece), div_by(kTileTokens),
+                        div_by(last_tile)};
+    with_flags([&](auto flash_, auto vec_, auto fine_) {
+      reshape_and_cache_kernel<In, Out, decltype(flash_)::value, decltype(vec_)::value,
+                               decltype(fine_)::value>
+          <<<grid, block, 0, stream>>>(p, block_shift, divs);
+    });
   }
   return gpuGetLastError();
 }
