@@ -316,15 +316,17 @@ struct OneStepArgs {
   int key_token_stride, key_head_stride, value_token_stride, value_head_stride;
   int key_cache_block_stride, key_cache_head_stride, key_cache_slot_stride;
   int value_cache_block_stride, value_cache_head_stride, value_cache_slot_stride;
-  /// Multipliers of three FastDivs (key pieces of a row; the value walk's: flash value pieces of
-  /// a row, paged the last tile's tokens; block_size), and their shifts a byte each.
-  uint32_t key_mul, value_mul, block_mul, shifts;
+  /// Multipliers of three FastDivs (kKeyDiv: key pieces of a row; kValueDiv: the value walk's,
+  /// flash value pieces of a row, paged the last tile's tokens; kBlockDiv: block_size), and
+  /// their shifts a byte each.
+  uint32_t muls[3], shifts;
   const float* k_scale;  ///< fp8 caches
   const float* v_scale;
 
-  __device__ __forceinline__ FastDiv div(uint32_t mul, int i) const {
+  static constexpr int kKeyDiv = 0, kValueDiv = 1, kBlockDiv = 2;
+  __device__ __forceinline__ FastDiv div(int i) const {
     FastDiv d;
-    d.mul = mul;
+    d.mul = muls[i];
     d.shift = (shifts >> (8 * i)) & 0xff;
     return d;
   }
@@ -359,17 +361,17 @@ __global__ void __launch_bounds__(kThreads) reshape_and_cache_one_step_kernel(co
   const int i = static_cast<int>(blockIdx.z * blockDim.x + threadIdx.x);
   // Keys chunk-fastest; values chunk-fastest (flash) or token-fastest (paged: a warp's stores of
   // one element index land on consecutive tokens' slots).
-  const int kt = static_cast<int>(a.div(a.key_mul, 0).div(static_cast<uint32_t>(i)));
+  const int kt = static_cast<int>(a.div(OneStepArgs::kKeyDiv).div(static_cast<uint32_t>(i)));
   const int kc = i - kt * key_n;
   int vt, vc;
   if constexpr (kFlash) {
-    vt = static_cast<int>(a.div(a.value_mul, 1).div(static_cast<uint32_t>(i)));
+    vt = static_cast<int>(a.div(OneStepArgs::kValueDiv).div(static_cast<uint32_t>(i)));
     vc = i - vt * value_n;
   } else {
     static_assert(kTileTokens == 32, "a full tile's value walk divides by a shift");
     vc = tile == kTileTokens
              ? i >> 5
-             : static_cast<int>(a.div(a.value_mul, 1).div(static_cast<uint32_t>(i)));
+             : static_cast<int>(a.div(OneStepArgs::kValueDiv).div(static_cast<uint32_t>(i)));
     vt = i - vc * tile;
   }
   const bool has_key = kt < tile, has_value = kFlash ? vt < tile : vc < value_n;
@@ -392,7 +394,7 @@ __global__ void __launch_bounds__(kThreads) reshape_and_cache_one_step_kernel(co
     inv_k = 1.0f / *a.k_scale;
     inv_v = 1.0f / *a.v_scale;
   }
-  const FastDiv block_div = a.div(a.block_mul, 2);
+  const FastDiv block_div = a.div(OneStepArgs::kBlockDiv);
   const int bs = a.block_size;
   // Within a head, key chunk c of slot offset o sits at o * key_slot_stride + c *
   // key_chunk_stride: paged (c * block_size + o) * x, flash o * slot_stride + c * kCh.
@@ -475,10 +477,10 @@ gpuError_t launch_reshape_typed(const ReshapeAndCacheProblem& p, gpuStream_t str
   const bool small = tiles * p.num_kv_heads < kDecodeBlocks;
   // Small paged problems with 16-bit inputs also read values in 4-byte pieces (kFineValues).
   const bool fine = small && !flash && vec && in_size == 2;
+  const int64_t tile = p.num_tokens < kTileTokens ? p.num_tokens : kTileTokens;  // the largest
   int64_t threads = kThreads, parts = 1;
   if (small) {
     threads = kDecodeThreads;
-    const int64_t tile = p.num_tokens < kTileTokens ? p.num_tokens : kTileTokens;
     const int64_t items = tile * p.head_size / (fine ? 2 : 8);  // pieces of 16-bit rows
     parts = (items + kDecodeThreads - 1) / kDecodeThreads;
     if (parts > kMaxGridY) parts = kMaxGridY;
@@ -507,8 +509,8 @@ gpuError_t launch_reshape_typed(const ReshapeAndCacheProblem& p, gpuStream_t str
   };
   // One item a thread (the parts' threads cover a tile's pieces) and 32-bit offsets: the
   // one-step kernel.
-  const int64_t tile_items = (p.num_tokens < kTileTokens ? p.num_tokens : kTileTokens) *
-                             (p.head_size / (key_piece < value_piece ? key_piece : value_piece));
+  const int64_t tile_items =
+      tile * (p.head_size / (key_piece < value_piece ? key_piece : value_piece));
   if (parts * threads >= tile_items && p.block_size <= INT32_MAX && reshape_offsets_fit_int(p)) {
     const FastDiv value_div = div_by(flash ? p.head_size / value_piece : last_tile);
     const FastDiv block_div = div_by(p.block_size);
@@ -532,9 +534,7 @@ gpuError_t launch_reshape_typed(const ReshapeAndCacheProblem& p, gpuStream_t str
                         i32(p.value_cache_block_stride),
                         i32(p.value_cache_head_stride),
                         i32(p.value_cache_slot_stride),
-                        key_div.mul,
-                        value_div.mul,
-                        block_div.mul,
+                        {key_div.mul, value_div.mul, block_div.mul},
                         key_div.shift | value_div.shift << 8 | block_div.shift << 16,
                         p.k_scale,
                         p.v_scale};

@@ -82,14 +82,21 @@ def _mismatch(*args, **kwargs):
     raise aphrodite_ext.BuildMismatchError("aphrodite_ext was built against torch 0.1")
 
 
-def test_a_module_the_build_skipped_is_refused_even_if_a_file_is_left(built, monkeypatch, tmp_path):
-    # A module of another backend's earlier build can be left in the package directory: the
-    # recorded build decides, not the file.
+def _unbuilt_module() -> str:
+    """An extension module this build skipped and nothing imported (its imports reach the
+    finders every time); skips the test where every module is built."""
     unbuilt = next(
         (m for m in aphrodite_ext.MODULES if not aphrodite_ext.module_status(m)[0]), None
     )
     if unbuilt is None or f"aphrodite_ext.{unbuilt}" in sys.modules:
         pytest.skip("every extension module is built here")
+    return unbuilt
+
+
+def test_a_module_the_build_skipped_is_refused_even_if_a_file_is_left(built, monkeypatch, tmp_path):
+    # A module of another backend's earlier build can be left in the package directory: the
+    # recorded build decides, not the file.
+    unbuilt = _unbuilt_module()
     (tmp_path / f"{unbuilt}.py").write_text("raise AssertionError('a left-over module loaded')\n")
     monkeypatch.setattr(aphrodite_ext, "__path__", [*aphrodite_ext.__path__, str(tmp_path)])
     with pytest.raises(ImportError, match=f"aphrodite_ext.{unbuilt} is not available: "):
@@ -97,12 +104,7 @@ def test_a_module_the_build_skipped_is_refused_even_if_a_file_is_left(built, mon
 
 
 def test_a_module_import_checks_the_build_first(monkeypatch):
-    # An unbuilt module is never imported, so its import reaches the finders every time.
-    unbuilt = next(
-        (m for m in aphrodite_ext.MODULES if not aphrodite_ext.module_status(m)[0]), None
-    )
-    if unbuilt is None or f"aphrodite_ext.{unbuilt}" in sys.modules:
-        pytest.skip("every extension module is built here")
+    unbuilt = _unbuilt_module()
     monkeypatch.setattr(aphrodite_ext, "check_build_info", _mismatch)
     with pytest.raises(aphrodite_ext.BuildMismatchError, match="built against torch 0.1"):
         aphrodite_ext.load(unbuilt)
