@@ -56,6 +56,23 @@ __device__ __forceinline__ void wait() {
 #endif
 }
 
+/// Sets this warpgroup's registers per thread to kRegs (a multiple of 8 in 24..256), raising
+/// (kIncrease) or lowering the launch's share: a warp-specialized block gives its producer
+/// warpgroup few and its consumers more. Every warp of the warpgroup executes it.
+template <bool kIncrease, int kRegs>
+__device__ __forceinline__ void set_max_registers() {
+  static_assert(kRegs % 8 == 0 && kRegs >= 24 && kRegs <= 256, "setmaxnreg's range");
+#if APHRODITE_HAS_WGMMA
+  if constexpr (kIncrease) {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+  } else {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+  }
+#else
+  __trap();
+#endif
+}
+
 /// Keeps the compiler from moving reads or writes of `x` across a fence or wait (a wgmma writes
 /// its accumulators behind the compiler's back).
 __device__ __forceinline__ void fence_operand(float& x) { asm volatile("" : "+f"(x)::"memory"); }

@@ -24,10 +24,12 @@
 //    Where several blocks share a tile, each writes fp32 partials, and the last to arrive (a
 //    counter in the workspace) sums them in a fixed order (deterministic), adds the bias, writes
 //    the output and resets the counter to zero.
-// The wgmma blocks (kWgmma, sm_90a only) keep this structure but replace the MMA step: per two k
-// steps a warpgroup issues one batch of wgmma products, the dequantized weights as the register A
-// of the transposed product and the stage's activations read in place as its B (Config,
-// compute_stage_wgmma; kernels/marlin/NOTES.md).
+// The wgmma blocks (kWgmma, sm_90a only) keep this structure but replace the MMA step and the
+// copies: per two k steps a warpgroup issues one batch of wgmma products, the dequantized weights
+// as the register A of the transposed product and the stage's activations read in place as its
+// B (compute_stage_wgmma); a third warpgroup, the producer, fills the pipeline by TMA, one thread
+// a stage, and hands slots over through mbarriers (Config::kProducer, produce_segments;
+// kernels/marlin/NOTES.md).
 // Torch-free; sm_80 and newer (mma.sync bf16, cp.async, ldmatrix); wgmma blocks sm_90a.
 #pragma once
 
@@ -37,6 +39,7 @@
 
 #include "common/fast_div.h"
 #include "common/gpu.h"
+#include "common/tma.cuh"
 #include "common/wgmma.cuh"
 #include "marlin/marlin.h"
 
@@ -260,6 +263,20 @@ struct Partition {
   }
 };
 
+/// The tensor maps a wgmma block's producer copies a stage with (a kernel parameter): the
+/// activations [M, K] in boxes of the block's rows x one 64-deep slice (128 bytes: the 128-byte
+/// swizzle that wgmma reads), the packed weights [K / 16, N] as 8-byte elements in boxes of
+/// kKSteps k-tiles x the block's kNWarps tiles (2 KiB a k-tile), and the scale and zero rows
+/// [groups, N] / [groups, N / 8] in boxes of 2 rows x the block's columns (the second row is read
+/// only where a slice runs into the next group). Nothing for the other blocks, whose threads copy
+/// their stages themselves.
+struct StageMaps {
+  CUtensorMap a, b, scales, zeros;
+};
+struct NoMaps {};
+template <bool kWgmma>
+using WgmmaMaps = std::conditional_t<kWgmma, StageMaps, NoMaps>;
+
 /// One segment of a block's range of units (gemm_kernel): a k range of one column tile.
 struct Segment {
   int col_block;    ///< the tile's column block; -1 once the range is done
@@ -288,11 +305,10 @@ inline int64_t max_contributors(int64_t col_blocks, int64_t num_stages, int64_t 
   return most;
 }
 
-/// Shared memory a wgmma block (sm_90 only, up to 227 KiB there) may take, and its pipeline
-/// depth: 5 slots of 18 KiB (64 rows) or 26 KiB (128 rows): 3 slices in flight while one is
-/// computed and the one before is still read by products running on (gemm_kernel's kAhead).
+/// Shared memory a wgmma block (sm_90 only, up to 227 KiB there) may take: its pipeline has as
+/// many slots as fit (11 of 18 KiB for 64 rows, 7 of 26 KiB for 128), so that the producer
+/// (Config::kProducer) runs up to that many stages ahead.
 constexpr int kWgmmaSmemBudget = 200 * 1024;
-constexpr int kWgmmaStages = 5;
 
 /// Compile-time facts of one instantiation. kWgmma (sm_90a): the block is kMWarps warpgroups
 /// (kMWarps = 2) of kNWarps = 4 warps that share all kBlockM rows; warpgroup r multiplies words
@@ -324,8 +340,9 @@ struct Config {
   /// Decode blocks (16 rows) stream weights with little compute per byte: their run time is
   /// the weight bytes in flight per SM divided into the memory latency, so they get a deeper
   /// pipeline (6 stages, ~69 KiB: still 3 blocks per SM); taller blocks get 4 stages where
-  /// they fit in kSmemBudget, else 3 (the 128-row block).
-  static constexpr int kStages = kWgmma ? kWgmmaStages
+  /// they fit in kSmemBudget, else 3 (the 128-row block). A wgmma block takes as many as fit
+  /// its budget besides the alignment (1 KiB) and its barriers (under 256 bytes).
+  static constexpr int kStages = kWgmma ? (kBudget - 1024 - 256) / kStageBytes
                                  : kBlockM <= 16 && kDecodeStages * kStageBytes <= kBudget
                                      ? kDecodeStages
                                  : kMaxStages * kStageBytes <= kBudget ? kMaxStages
@@ -350,9 +367,24 @@ struct Config {
   static constexpr int kSmemBytes =
       (kTileSumBytes > kPipeBytes && kTileSumBytes <= kBudget) ? kTileSumBytes : kPipeBytes;
   static_assert(kSmemBytes <= kBudget, "a block shape's pipeline must fit every target arch");
+  static_assert(!kWgmma || kStages >= 3, "a wgmma block's producer needs slots to run ahead");
   static constexpr bool kClusterReduce = kTileSumBytes <= kSmemBytes;
-  /// Dynamic shared memory to ask for: a wgmma block aligns its pipeline up to 1024 bytes.
-  static constexpr int kSmemAlloc = kWgmma ? kSmemBytes + 1024 : kSmemBytes;
+  /// A wgmma block has one more warpgroup, the producer: one of its threads fills the pipeline
+  /// (TMA for the activations, bulk copies for the weights and scales), as far ahead of the
+  /// consumers as kStages slots go, and hands each slot over through a pair of mbarriers (full:
+  /// the stage's bytes have landed; empty: every consumer warp is done with it). The consumer
+  /// warps (kThreads) spend no instructions on copies and wait at no block barrier a stage.
+  /// Registers are handed out by warpgroup: the launch's 168 a thread (384 threads), then the
+  /// producer drops to kProducerRegisters and the consumers take kConsumerRegisters.
+  static constexpr bool kProducer = kWgmma;
+  static constexpr int kBlockThreads = kThreads + (kProducer ? 128 : 0);
+  static constexpr int kProducerRegisters = 24, kConsumerRegisters = 240;
+  static_assert(!kProducer || 128 * kProducerRegisters + kThreads * kConsumerRegisters <= 65536,
+                "the warpgroups' registers fit an SM");
+  /// Dynamic shared memory to ask for: a wgmma block aligns its pipeline up to 1024 bytes, and
+  /// keeps its 2 x kStages mbarriers past kSmemBytes.
+  static constexpr int kBarrierBytes = kProducer ? 2 * kStages * 8 : 0;
+  static constexpr int kSmemAlloc = kWgmma ? kSmemBytes + 1024 + kBarrierBytes : kSmemBytes;
   /// Resident blocks per SM that ptxas plans registers for (__launch_bounds__): 3 for the 4-warp
   /// blocks of 16 and 32 rows (at most 170 registers), which shared memory allows 3 per SM on
   /// sm_90. Without it ptxas 13.0 gave the bf16 uint4b8 decode block 96 registers and a spill,
@@ -362,12 +394,74 @@ struct Config {
                 "stage parts must stay 16-byte aligned");
 };
 
+/// The producer warpgroup of a wgmma block (Config::kProducer): walks the block's segments as the
+/// consumers do, meeting them at the same block and cluster barriers, and one thread issues each
+/// stage's copies (StageMaps' boxes; rows and columns outside the tensors read as zero: past M
+/// and K the activations meet nothing, and columns past N are never stored) into the next slot
+/// the consumers have freed (their `empty` arrivals), completing on the slot's `full` barrier.
+template <typename C, bool kGrouped>
+__device__ __forceinline__ void produce_segments(const StageMaps& maps, const FastDiv& group_div,
+                                                 const Segment& seg, unsigned char* smem,
+                                                 uint64_t* full_bars, uint64_t* empty_bars) {
+  const bool issuer = threadIdx.x == C::kThreads;
+  const int m0 = static_cast<int>(blockIdx.y) * C::kBlockM;
+  constexpr uint32_t kBytes = C::kABytes + C::kBBytes + (kGrouped ? C::kSBytes + C::kZBytes : 0);
+  int slot = 0;
+  uint32_t parity = 0;
+  for (;;) {
+    __syncthreads();  // the consumers' segment barriers (gemm_kernel)
+    __syncthreads();
+    const int col_block = seg.col_block;
+    if (col_block < 0) return;
+    if (issuer) {
+      // Shared memory the consumers wrote last segment (a split's sums) before the copies.
+      tma::fence_proxy_async();
+      const int n0 = col_block * C::kBlockN;
+      for (int stage = seg.stage_begin; stage < seg.stage_end; ++stage) {
+        tma::wait(empty_bars + slot, parity ^ 1);
+        unsigned char* const base = smem + slot * C::kStageBytes;
+        uint64_t* const full = full_bars + slot;
+        tma::arrive_expect_tx(full, kBytes);
+        tma::load_2d(base, &maps.a, stage * kBlockK, m0, full);
+        tma::load_2d(base + C::kABytes, &maps.b, n0, stage * kKSteps, full);
+        if constexpr (kGrouped) {
+          const int row = static_cast<int>(group_div.div(stage * kBlockK));
+          tma::load_2d(base + C::kABytes + C::kBBytes, &maps.scales, n0, row, full);
+          if constexpr (C::kZeros) {
+            tma::load_2d(base + C::kABytes + C::kBBytes + C::kSBytes, &maps.zeros, n0 / 8, row,
+                         full);
+          }
+        }
+        if (++slot == C::kStages) {
+          slot = 0;
+          parity ^= 1;
+        }
+      }
+    }
+    __syncwarp();
+    // The consumers' barriers after their main loop (gemm_kernel's epilogue): none for a tile of
+    // its own, three for a split summed in a cluster, two for one summed in global memory.
+    if (seg.contributors == 1) continue;
+    if constexpr (C::kClusterReduce) {
+      if (cluster_blocks_rank().x > 1) {
+        __syncthreads();
+        cluster_sync();
+        cluster_sync();
+        continue;
+      }
+    }
+    __syncthreads();
+    __syncthreads();
+  }
+}
+
 template <typename T, WeightType kWeight, bool kGrouped, int kMTiles, int kMWarps, int kNWarps,
           int kKWarps, bool kWgmma>
 __global__ void __launch_bounds__(
-    Config<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps, kKWarps, kWgmma>::kThreads,
+    Config<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps, kKWarps, kWgmma>::kBlockThreads,
     Config<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps, kKWarps, kWgmma>::kMinBlocks)
-    gemm_kernel(const GemmProblem p, const FastDiv group_div) {
+    gemm_kernel(const GemmProblem p, const FastDiv group_div,
+                const __grid_constant__ WgmmaMaps<kWgmma> maps) {
   using C = Config<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps, kKWarps, kWgmma>;
   using Tr = Traits<T>;
   using T2 = typename Tr::T2;
@@ -384,6 +478,34 @@ __global__ void __launch_bounds__(
   const int warp_k = kKWarps > 1 ? warp / (kMWarps * kNWarps) : 0;  // 0 known at compile time
   const int warp_m = warp_mn / kNWarps, warp_n = warp_mn % kNWarps;
   const int g = lane / 4, t = lane % 4;
+  // The producer's pipeline barriers, past the pipeline: full[s] (one arrival, the producer's,
+  // plus the stage's bytes) and empty[s] (one arrival per consumer warp). Both roles walk the
+  // same sequence of stages over all segments, slot `pipe_slot` in the round of parity
+  // `pipe_parity`: a consumer waits for full's phase of that parity, the producer for empty's
+  // phase before it (parity ^ 1: a fresh barrier's, so that the first round waits for nothing).
+  uint64_t* const full_bars = reinterpret_cast<uint64_t*>(smem + C::kSmemBytes);
+  uint64_t* const empty_bars = full_bars + C::kStages;
+  int pipe_slot = 0;
+  uint32_t pipe_parity = 0;
+  __shared__ Segment seg;
+  if constexpr (C::kProducer) {
+    if (tid == 0) {
+      for (int s = 0; s < C::kStages; ++s) {
+        tma::init(full_bars + s, 1);
+        tma::init(empty_bars + s, C::kThreads / 32);
+      }
+      tma::init_fence();
+    }
+    // The last warpgroup produces (with few registers), the others consume (with more); the role
+    // is warp-uniform by construction (a shuffle of lane 0's warp index), so that ptxas keeps
+    // the consumers' wgmma products asynchronous.
+    if (__shfl_sync(0xffffffffu, warp, 0) >= C::kThreads / 32) {
+      wgmma::set_max_registers<false, C::kProducerRegisters>();
+      produce_segments<C, kGrouped>(maps, group_div, seg, smem, full_bars, empty_bars);
+      return;
+    }
+    wgmma::set_max_registers<true, C::kConsumerRegisters>();
+  }
 
   // The work of a row of blocks (blockIdx.y) is its column tiles x num_stages k slices, as one
   // sequence of units (tile-major, k fastest) that its gridDim.x blocks share in equal
@@ -398,7 +520,6 @@ __global__ void __launch_bounds__(
   // accumulators need, and everything else a segment needs is derived inside the loop from the
   // launch's parameters, so that only the thread's indices stay live from one segment to the
   // next.
-  __shared__ Segment seg;
   if (tid == 0) {
     const uint32_t units = static_cast<uint32_t>((p.n + C::kBlockN - 1) / C::kBlockN *
                                                  ((p.k + kBlockK - 1) / kBlockK));
@@ -809,11 +930,12 @@ __global__ void __launch_bounds__(
     // the stage's activations (B, read in place: the activation tile's XOR swizzle is the
     // 128-byte swizzle) and waits only for the batch before. So a warpgroup dequantizes a batch
     // while the tensor cores run the one before: the fragments are double-buffered (afw[batch],
-    // the buffer of batch 0 free again once batch 1 of the same stage has waited), and a stage's
-    // slot is refilled two stages later (kAhead), when no product reads it any more.
+    // the buffer of batch 0 free again once batch 1 of the same stage has waited). The first
+    // batch's wait also sees every product of the stage before done: first_batch_done() then
+    // frees that stage's slot for the producer.
     constexpr int kBatchSteps = 2;
     uint32_t afw[kWgmma ? kKSteps / kBatchSteps : 1][kBatchSteps][2][4];
-    auto compute_stage_wgmma = [&](int slot_off, int stage) {
+    auto compute_stage_wgmma = [&](int slot_off, int stage, auto&& first_batch_done) {
       if constexpr (kWgmma) {
         const unsigned char* base = smem + slot_off;
         const int2* sb = reinterpret_cast<const int2*>(base + C::kABytes);
@@ -848,85 +970,99 @@ __global__ void __launch_bounds__(
             }
           wgmma::commit();
           wgmma::wait<1>();  // the batch before is done: its fragments (and slot) are free
+          if (b == 0) first_batch_done();  // every product of the stage before is done
         }
       }
     };
 
-    // The pipeline: kAhead slices in flight while one is computed (kStages - 1; kStages - 2 for
-    // a wgmma block, whose last products of a stage run on into the next).
-    constexpr int kAhead = kWgmma ? C::kStages - 2 : C::kStages - 1;
-#pragma unroll
-    for (int s = 0; s < kAhead; ++s) {
-      if (s < n_iters) load_stage(stage_begin + s, s * C::kStageBytes);
-      cp_async_commit();
-    }
-    // Slice `it` is in slot it % kStages and slice it + kAhead goes to slot (it + kAhead) %
-    // kStages: byte offsets kept as counters instead of a division per stage.
-    auto main_loop = [&](auto narrow_tag) {
-      int compute_off = 0, load_off = kAhead * C::kStageBytes;
+    if constexpr (C::kProducer) {
+      // A consumer waits for its stage's bytes (full), computes it, and frees the slot of the
+      // stage before, whose products its last wait has seen done (compute_stage_wgmma); the
+      // segment's last slot after the loop. No block barrier a stage.
+      int prev = -1;
       for (int it = 0; it < n_iters; ++it) {
-        // (No proxy fence for wgmma's reads of the copies: the cp.async completion that the wait
-        // and the barrier publish orders them, as in CUTLASS's sm90 cp.async GMMA mainloops,
-        // which hand the stage over through an mbarrier that the copies arrive on; a
-        // fence.proxy.async here is a MEMBAR.ALL.CTA that waits for every copy in flight.)
-        cp_async_wait<kAhead - 1>();
-        // Slice `it` is visible to all, and every warp is done with slot (it + kAhead) % kStages
-        // (read by slice it - 1, or it - 2 for a wgmma block).
-        __syncthreads();
-        if (it + kAhead < n_iters) load_stage(stage_begin + it + kAhead, load_off);
-        cp_async_commit();
-        load_off += C::kStageBytes;
-        if (load_off == C::kStages * C::kStageBytes) load_off = 0;
-        if constexpr (kWgmma) {
-          compute_stage_wgmma(compute_off, stage_begin + it);
-        } else {
-          compute_stage(compute_off, stage_begin + it, narrow_tag);
+        tma::wait(full_bars + pipe_slot, pipe_parity);
+        compute_stage_wgmma(pipe_slot * C::kStageBytes, stage_begin + it, [&] {
+          if (prev >= 0) {
+            __syncwarp();
+            if (lane == 0) tma::arrive(empty_bars + prev);
+          }
+        });
+        prev = pipe_slot;
+        if (++pipe_slot == C::kStages) {
+          pipe_slot = 0;
+          pipe_parity ^= 1;
         }
-        compute_off += C::kStageBytes;
-        if (compute_off == C::kStages * C::kStageBytes) compute_off = 0;
       }
-    };
-    if constexpr (kTransposed) {
-      if (narrow) {
-        main_loop(std::true_type{});
+    } else {
+      // The pipeline of the other blocks: every thread copies its chunks of a stage (load_stage),
+      // kAhead = kStages - 1 slices in flight while one is computed.
+      constexpr int kAhead = C::kStages - 1;
+#pragma unroll
+      for (int s = 0; s < kAhead; ++s) {
+        if (s < n_iters) load_stage(stage_begin + s, s * C::kStageBytes);
+        cp_async_commit();
+      }
+      // Slice `it` is in slot it % kStages and slice it + kAhead goes to slot (it + kAhead) %
+      // kStages: byte offsets kept as counters instead of a division per stage.
+      auto main_loop = [&](auto narrow_tag) {
+        int compute_off = 0, load_off = kAhead * C::kStageBytes;
+        for (int it = 0; it < n_iters; ++it) {
+          cp_async_wait<kAhead - 1>();
+          // Slice `it` is visible to all, and every warp is done with slot (it + kAhead) % kStages
+          // (read by slice it - 1).
+          __syncthreads();
+          if (it + kAhead < n_iters) load_stage(stage_begin + it + kAhead, load_off);
+          cp_async_commit();
+          load_off += C::kStageBytes;
+          if (load_off == C::kStages * C::kStageBytes) load_off = 0;
+          compute_stage(compute_off, stage_begin + it, narrow_tag);
+          compute_off += C::kStageBytes;
+          if (compute_off == C::kStages * C::kStageBytes) compute_off = 0;
+        }
+      };
+      if constexpr (kTransposed) {
+        if (narrow) {
+          main_loop(std::true_type{});
+        } else {
+          main_loop(std::false_type{});
+        }
+        if constexpr (!kGrouped) {  // one scale per column: applied to the sums once
+#pragma unroll
+          for (int w = 0; w < 4; ++w) {
+            const float2 s = Tr::to_float2(spair[w]);
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+#pragma unroll
+              for (int e = 0; e < 4; ++e) acc[0][4 * h + w][e] *= e < 2 ? s.x : s.y;
+          }
+        }
+        // Back to the 16-row layout the epilogue uses (a narrow block's rows 8..15 stay zero):
+        // row 8h + g, column 8j + 2t + e sits in lane 4 (2t + e) + g / 2, element 2 (j & 1) +
+        // (g & 1) of acc[0][4h + j / 2].
+        float tr[8][4];
+#pragma unroll
+        for (int w = 0; w < 8; ++w)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) tr[w][e] = acc[0][w][e];
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int w = 0; w < 4; ++w)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int src = 4 * (2 * t + e) + g / 2;
+              float x[4];
+#pragma unroll
+              for (int q = 0; q < 4; ++q) x[q] = __shfl_sync(0xffffffffu, tr[4 * h + w][q], src);
+              acc[0][2 * w][2 * h + e] = (g & 1) ? x[1] : x[0];
+              acc[0][2 * w + 1][2 * h + e] = (g & 1) ? x[3] : x[2];
+            }
       } else {
         main_loop(std::false_type{});
       }
-      if constexpr (!kGrouped) {  // one scale per column: applied to the sums once
-#pragma unroll
-        for (int w = 0; w < 4; ++w) {
-          const float2 s = Tr::to_float2(spair[w]);
-#pragma unroll
-          for (int h = 0; h < 2; ++h)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[0][4 * h + w][e] *= e < 2 ? s.x : s.y;
-        }
-      }
-      // Back to the 16-row layout the epilogue uses (a narrow block's rows 8..15 stay zero):
-      // row 8h + g, column 8j + 2t + e sits in lane 4 (2t + e) + g / 2, element 2 (j & 1) +
-      // (g & 1) of acc[0][4h + j / 2].
-      float tr[8][4];
-#pragma unroll
-      for (int w = 0; w < 8; ++w)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) tr[w][e] = acc[0][w][e];
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-#pragma unroll
-        for (int w = 0; w < 4; ++w)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int src = 4 * (2 * t + e) + g / 2;
-            float x[4];
-#pragma unroll
-            for (int q = 0; q < 4; ++q) x[q] = __shfl_sync(0xffffffffu, tr[4 * h + w][q], src);
-            acc[0][2 * w][2 * h + e] = (g & 1) ? x[1] : x[0];
-            acc[0][2 * w + 1][2 * h + e] = (g & 1) ? x[3] : x[2];
-          }
-    } else {
-      main_loop(std::false_type{});
+      cp_async_wait<0>();
     }
-    cp_async_wait<0>();
 
     if constexpr (kWgmma) {
       // The accumulators, written behind the compiler's back, are final once the last stage's
@@ -936,6 +1072,10 @@ __global__ void __launch_bounds__(
       // stores: lane g even keeps row 8j + 2t, columns g, g + 1; g odd row 8j + 2t + 1, columns
       // g - 1, g.
       wgmma::wait<0>();
+      if (C::kProducer && n_iters > 0) {  // the segment's last slot is free
+        __syncwarp();
+        if (lane == 0) tma::arrive(empty_bars + (pipe_slot + C::kStages - 1) % C::kStages);
+      }
       float* accf = &acc[0][0][0];
 #pragma unroll
       for (int i = 0; i < C::kBlockM; ++i) wgmma::fence_operand(accf[i]);
@@ -1160,8 +1300,8 @@ gpuError_t configure_instance(int* blocks_per_sm) {
   if (blocks == 0) {
     err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemAlloc);
     if (err != gpuSuccess) return err;
-    err =
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, C::kThreads, C::kSmemAlloc);
+    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, C::kBlockThreads,
+                                                        C::kSmemAlloc);
     if (err != gpuSuccess) return err;
     if (blocks < 1) blocks = 1;
     if (device < kMaxDevices) occupancy[device].store(blocks, std::memory_order_relaxed);
@@ -1241,8 +1381,8 @@ ClusterShape cluster_shape(Kernel kernel, int natural, int sms, int splits, int6
     }
   }
   cudaLaunchAttribute cluster;
-  const cudaLaunchConfig_t config = cluster_launch(dim3(static_cast<unsigned>(splits)), C::kThreads,
-                                                   shape.smem, splits, nullptr, cluster);
+  const cudaLaunchConfig_t config = cluster_launch(
+      dim3(static_cast<unsigned>(splits)), C::kBlockThreads, shape.smem, splits, nullptr, cluster);
   if (cudaOccupancyMaxActiveClusters(&shape.clusters, kernel, &config) != gpuSuccess ||
       shape.clusters < 0) {
     shape.clusters = 0;
@@ -1299,6 +1439,31 @@ gpuError_t launch_gemm_instance(const GemmProblem& p, int workers, gpuStream_t s
                   static_cast<unsigned>((p.m + C::kBlockM - 1) / C::kBlockM));
   // Grouped kernels only divide by the group size (>= 32, the binding checks).
   const FastDiv group_div(kGrouped ? static_cast<uint32_t>(p.group_size) : 2u);
+  // A wgmma block's producer copies its stages by TMA (StageMaps).
+  WgmmaMaps<kWgmma> maps{};
+  if constexpr (kWgmma) {
+    const CUtensorMapDataType t16 = std::is_same_v<T, __nv_bfloat16>
+                                        ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                        : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+    const uint64_t m = static_cast<uint64_t>(p.m), n = static_cast<uint64_t>(p.n),
+                   k = static_cast<uint64_t>(p.k);
+    const uint64_t groups = kGrouped ? k / static_cast<uint64_t>(p.group_size) : 1;
+    err = tma::encode_2d(&maps.a, p.a, t16, m, k, static_cast<uint64_t>(p.lda) * 2, C::kBlockM,
+                         kBlockK, true);
+    if (err == gpuSuccess) {
+      // A 64-column tile of a k-tile is 512 bytes: one 8-byte element a column.
+      err = tma::encode_2d(&maps.b, p.b, CU_TENSOR_MAP_DATA_TYPE_UINT64, k / kTileK, n, n * 8,
+                           kKSteps, C::kBlockN, false);
+    }
+    if (err == gpuSuccess && kGrouped) {
+      err = tma::encode_2d(&maps.scales, p.scales, t16, groups, n, n * 2, 2, C::kBlockN, false);
+    }
+    if (err == gpuSuccess && kGrouped && C::kZeros) {
+      err = tma::encode_2d(&maps.zeros, p.zeros, CU_TENSOR_MAP_DATA_TYPE_INT32, groups, n / 8,
+                           n / 2, 2, C::kBlockN / 8, false);
+    }
+    if (err != gpuSuccess) return err;
+  }
   // Split-K (workers a multiple of the column tiles: each block within one tile) on sm_90 with
   // 2..kMaxClusterSplits splits: the blocks of a tile as one cluster, reduced through their
   // shared memory (gemm_kernel). The kernel needs nothing else to know: a launch without the
@@ -1319,13 +1484,13 @@ gpuError_t launch_gemm_instance(const GemmProblem& p, int workers, gpuStream_t s
         cluster_shape<C>(kernel, natural, p.sm_count, static_cast<int>(splits), blocks);
     if (shape.clusters > 0 && static_cast<int64_t>(shape.clusters) * splits >= blocks) {
       cudaLaunchAttribute cluster;
-      const cudaLaunchConfig_t config =
-          cluster_launch(grid, C::kThreads, shape.smem, static_cast<int>(splits), stream, cluster);
-      if (cudaLaunchKernelEx(&config, kernel, p, group_div) == gpuSuccess) return gpuSuccess;
+      const cudaLaunchConfig_t config = cluster_launch(grid, C::kBlockThreads, shape.smem,
+                                                       static_cast<int>(splits), stream, cluster);
+      if (cudaLaunchKernelEx(&config, kernel, p, group_div, maps) == gpuSuccess) return gpuSuccess;
       (void)gpuGetLastError();  // refused: the plain launch below
     }
   }
-  kernel<<<grid, C::kThreads, C::kSmemAlloc, stream>>>(p, group_div);
+  kernel<<<grid, C::kBlockThreads, C::kSmemAlloc, stream>>>(p, group_div, maps);
   return gpuGetLastError();
 }
 
