@@ -370,12 +370,12 @@ struct Config {
   static_assert(!kWgmma || kStages >= 3, "a wgmma block's producer needs slots to run ahead");
   static constexpr bool kClusterReduce = kTileSumBytes <= kSmemBytes;
   /// A wgmma block has one more warpgroup, the producer: one of its threads fills the pipeline
-  /// (TMA for the activations, bulk copies for the weights and scales), as far ahead of the
-  /// consumers as kStages slots go, and hands each slot over through a pair of mbarriers (full:
-  /// the stage's bytes have landed; empty: every consumer warp is done with it). The consumer
-  /// warps (kThreads) spend no instructions on copies and wait at no block barrier a stage.
-  /// Registers are handed out by warpgroup: the launch's 168 a thread (384 threads), then the
-  /// producer drops to kProducerRegisters and the consumers take kConsumerRegisters.
+  /// (TMA: StageMaps), as far ahead of the consumers as kStages slots go, and hands each slot over
+  /// through a pair of mbarriers (full: the stage's bytes have landed; empty: every consumer warp
+  /// is done with it). The consumer warps (kThreads) spend no instructions on copies and wait at no
+  /// block barrier a stage. Registers are handed out by warpgroup: the launch's 168 a thread (384
+  /// threads), then the producer drops to kProducerRegisters and the consumers take
+  /// kConsumerRegisters.
   static constexpr bool kProducer = kWgmma;
   static constexpr int kBlockThreads = kThreads + (kProducer ? 128 : 0);
   static constexpr int kProducerRegisters = 24, kConsumerRegisters = 240;
@@ -977,8 +977,8 @@ __global__ void __launch_bounds__(
 
     if constexpr (C::kProducer) {
       // A consumer waits for its stage's bytes (full), computes it, and frees the slot of the
-      // stage before, whose products its last wait has seen done (compute_stage_wgmma); the
-      // segment's last slot after the loop. No block barrier a stage.
+      // stage before once the stage's first batch has waited (compute_stage_wgmma's
+      // first_batch_done); the segment's last slot after the loop. No block barrier a stage.
       int prev = -1;
       for (int it = 0; it < n_iters; ++it) {
         tma::wait(full_bars + pipe_slot, pipe_parity);
