@@ -1,6 +1,6 @@
 // sm_90 asynchronous copies into shared memory that complete on an mbarrier: the mbarrier
-// operations, the bulk copy of a contiguous run of bytes, the 2-D tiled tensor copy (TMA), and the
-// host-side encoding of a 2-D tensor map of 16-bit elements in the 128-byte swizzle.
+// operations, the 2-D tiled tensor copy (TMA), and the host-side encoding of a 2-D tensor map
+// (any element type; boxes row after row or in the 128-byte swizzle).
 //
 // A copy adds its bytes to the transaction count of the barrier it names; a phase of the barrier
 // completes once its expected arrivals have arrived and the bytes announced with them
@@ -89,21 +89,6 @@ __device__ __forceinline__ void wait(uint64_t* bar, uint32_t parity) {
 __device__ __forceinline__ void fence_proxy_async() {
 #if APHRODITE_HAS_TMA
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-#else
-  __trap();
-#endif
-}
-
-/// Copies `bytes` (a multiple of 16; both addresses 16-byte aligned) from global `src` to shared
-/// `dst`, completing on `bar`.
-__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes,
-                                          uint64_t* bar) {
-#if APHRODITE_HAS_TMA
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
-          "r"(smem_u32(dst)),
-      "l"(src), "r"(bytes), "r"(smem_u32(bar))
-      : "memory");
 #else
   __trap();
 #endif

@@ -354,9 +354,9 @@ struct Config {
       kStages * kStageBytes > kReduceBytes ? kStages * kStageBytes : kReduceBytes;
   /// Split-K through a thread block cluster (sm_90, launch_gemm_instance) puts the block's tile
   /// of fp32 sums in its shared memory. A block asks for room for it where its pipeline holds
-  /// less and its budget allows: the 128-row wgmma block's 5 stages are 125 KiB, its tile
-  /// 130 KiB (an SM to itself either way); the 64-row mma.sync block with one scale per channel
-  /// has 64 KiB of stages, its tile 66 KiB (two an SM either way).
+  /// less and its budget allows: the 64-row mma.sync block with one scale per channel has
+  /// 64 KiB of stages, its tile 66 KiB (two an SM either way). (The wgmma blocks' pipelines,
+  /// 11 x 18 KiB and 7 x 26 KiB, hold their tiles of 65 and 130 KiB.)
   /// Its rows are a few floats more than kBlockN apart: a warp's pair stores into rows a
   /// multiple of 32 banks apart would meet in 8 banks, 8 ways (8 wavefronts where 256 bytes take
   /// 2). A half-warp's stores cover 4 rows x 8 columns in the mma.sync layout (rows g, columns
@@ -379,8 +379,11 @@ struct Config {
   static constexpr bool kProducer = kWgmma;
   static constexpr int kBlockThreads = kThreads + (kProducer ? 128 : 0);
   static constexpr int kProducerRegisters = 24, kConsumerRegisters = 240;
-  static_assert(!kProducer || 128 * kProducerRegisters + kThreads * kConsumerRegisters <= 65536,
-                "the warpgroups' registers fit an SM");
+  /// setmaxnreg moves registers within the block's own pool (the launch's share a thread,
+  /// rounded down to 8, times its threads): an increase beyond it would wait forever.
+  static_assert(!kProducer || 128 * kProducerRegisters + kThreads * kConsumerRegisters <=
+                                  kBlockThreads * ((65536 / kBlockThreads) & ~7),
+                "the warpgroups' registers fit the block's pool");
   /// Dynamic shared memory to ask for: a wgmma block aligns its pipeline up to 1024 bytes, and
   /// keeps its 2 x kStages mbarriers past kSmemBytes.
   static constexpr int kBarrierBytes = kProducer ? 2 * kStages * 8 : 0;
