@@ -6,7 +6,8 @@
 # "build"); TESTS narrows pytest (default tests/kernels); BENCH picks benchmark scripts
 # (default: every benchmarks/bench_*.py that needs a GPU). The "profile" stage (not in the
 # default) runs tools/profile_kernels.py $PROFILE_ARGS under Nsight Compute into profile.csv.
-# (.git does not travel to the GPU machine: pass the commit so results name it.)
+# (.git does not travel to the GPU machine: pass the commit so results name it.) Everything but
+# the tables (.md) ends up in $OUT/logs.tgz.
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu_out}
 mkdir -p "$OUT"
@@ -85,3 +86,11 @@ echo
 echo "================ summary ================"
 cat "$OUT/gpu.txt"
 printf '%s\n' "${summary[@]}"
+
+# The device tool brings back at most 8 files from $OUT: the tables (.md) stay as they are, and
+# everything else (logs, the benchmarks' .json, plan, info, profiles) goes into one logs.tgz.
+(
+  cd "$OUT" || exit 0
+  mapfile -t logs < <(find . -maxdepth 1 -type f ! -name '*.md' ! -name logs.tgz -printf '%f\n')
+  if [ "${#logs[@]}" -gt 0 ] && tar czf logs.tgz "${logs[@]}"; then rm -f "${logs[@]}"; fi
+)
