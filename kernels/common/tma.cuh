@@ -22,7 +22,8 @@
 
 namespace aphrodite::tma {
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+/// The shared-memory address of `p` (a pointer into shared memory), as PTX operands take it.
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
@@ -30,7 +31,7 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
 /// block barrier or init_fence() then publishes it).
 __device__ __forceinline__ void init(uint64_t* bar, uint32_t count) {
 #if APHRODITE_HAS_TMA
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count)
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count)
                : "memory");
 #else
   __trap();
@@ -49,7 +50,7 @@ __device__ __forceinline__ void init_fence() {
 /// One arrival on `bar`.
 __device__ __forceinline__ void arrive(uint64_t* bar) {
 #if APHRODITE_HAS_TMA
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
 #else
   __trap();
 #endif
@@ -58,7 +59,7 @@ __device__ __forceinline__ void arrive(uint64_t* bar) {
 /// One arrival on `bar` that also announces `bytes` more bytes of copies for its phase.
 __device__ __forceinline__ void arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
 #if APHRODITE_HAS_TMA
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)),
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)),
                "r"(bytes)
                : "memory");
 #else
@@ -76,7 +77,7 @@ __device__ __forceinline__ void wait(uint64_t* bar, uint32_t parity) {
       "wait_%=:\n"
       "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
       "@!done bra wait_%=;\n"
-      "}\n" ::"r"(smem_u32(bar)),
+      "}\n" ::"r"(smem_addr(bar)),
       "r"(parity)
       : "memory");
 #else
@@ -102,8 +103,8 @@ __device__ __forceinline__ void load_2d(void* dst, const CUtensorMap* map, int x
 #if APHRODITE_HAS_TMA
   asm volatile(
       "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], "
-      "[%1, {%2, %3}], [%4];\n" ::"r"(smem_u32(dst)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(smem_u32(bar))
+      "[%1, {%2, %3}], [%4];\n" ::"r"(smem_addr(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(smem_addr(bar))
       : "memory");
 #else
   __trap();

@@ -91,9 +91,7 @@ struct Traits<__nv_bfloat16> {
   __device__ static T2 float2_to(float lo, float hi) { return __floats2bfloat162_rn(lo, hi); }
 };
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
+using tma::smem_addr;
 
 /// The thread block cluster (sm_90): blocks in it and this block's rank (x, y), the
 /// cluster-wide barrier (release / acquire: shared-memory writes before it are visible to every
