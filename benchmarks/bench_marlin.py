@@ -110,9 +110,11 @@ def bench_shape(k: int, n: int, ms_list: list[int], ws: torch.Tensor, copy_gbs: 
 SWEEP_MS = [1, 16, 32, 64, 128]
 SWEEP_SHAPES = [(4096, 4096), (8192, 8192), (8192, 28672), (28672, 8192)]
 # codegen/marlin.py SHAPES: (block rows, name); the k2 shapes are 8-warp twins of the 4-warp ones,
-# the w shapes the sm_90a wgmma blocks (built for 9.0a only).
+# the w shapes the sm_90a wgmma blocks and m16n256t the sm_90a TMA-fed decode block (built for
+# 9.0a only).
 BLOCK_SHAPES = [
     (16, "m16n256"),
+    (16, "m16n256t"),
     (32, "m32n256"),
     (32, "m32n256k2"),
     (64, "m64n256"),

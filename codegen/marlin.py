@@ -52,6 +52,8 @@ class Shape:
     # sm_90a warpgroup MMA (wgmma) block: m_warps = 2 warpgroups of n_warps = 4 warps, each
     # warpgroup multiplying half of every warp's 64 columns for all the block's rows
     wgmma: bool = False
+    # sm_90a mma.sync block fed by TMA: a producer warp fills the pipeline (the decode block)
+    tma: bool = False
 
     @property
     def rows(self) -> int:
@@ -60,7 +62,19 @@ class Shape:
     @property
     def name(self) -> str:
         k = f"k{self.k_warps}" if self.k_warps > 1 else ""
-        return f"m{self.rows}n{64 * self.n_warps}{k}{'w' if self.wgmma else ''}"
+        return (
+            f"m{self.rows}n{64 * self.n_warps}{k}{'w' if self.wgmma else 't' if self.tma else ''}"
+        )
+
+    @property
+    def sm90a(self) -> bool:
+        """Whether the block needs the arch-specific sm_90a target (wgmma, TMA)."""
+        return self.wgmma or self.tma
+
+    @property
+    def engine(self) -> str:
+        """The kernel's Engine (marlin_gemm.cuh): how its main loop multiplies and is fed."""
+        return "kWgmma" if self.wgmma else "kMmaSyncTma" if self.tma else "kMmaSync"
 
 
 DTYPES = [DType("f16", "__half", "kFloat16"), DType("bf16", "__nv_bfloat16", "kBFloat16")]
@@ -73,6 +87,7 @@ GROUPS = [Group("grouped", True), Group("channel", False)]
 # an H200 sweep at M <= 16 found them slower everywhere, M = 32..128 is not measured yet).
 SHAPES = [
     Shape(1, 1, 4),
+    Shape(1, 1, 4, tma=True),
     Shape(2, 1, 4),
     Shape(2, 1, 4, 2),
     Shape(4, 1, 4),
@@ -82,9 +97,10 @@ SHAPES = [
     Shape(4, 2, 4, wgmma=True),
 ]
 DEFAULT_SHAPES = [s for s in SHAPES if s.k_warps == 1]
-# The wgmma blocks need the arch-specific sm_90a target (wgmma is not in plain sm_90): they are
-# generated only when the family is built for 9.0a; other archs of the same build compile them
-# to a trap that the dispatch never launches (it checks the device is sm_90).
+# The wgmma and TMA-fed blocks need the arch-specific sm_90a target (wgmma and the tensor-map
+# copies are not in plain sm_90): they are generated only when the family is built for 9.0a;
+# other archs of the same build compile them to a trap that the dispatch never launches (it
+# checks the device is sm_90).
 WGMMA_ARCH = "9.0a"
 # The keys of the Options above (common.main rejects any other).
 OPTION_KEYS = ("dtypes", "weights", "groups", "shapes")
@@ -103,7 +119,7 @@ def grid(request: common.Request) -> list[tuple[DType, Weight, Group, Shape]]:
         else [s.name for s in DEFAULT_SHAPES]
     )
     if not any(a.split("+")[0] == WGMMA_ARCH for a in request.archs):
-        wgmma = [s.name for s in SHAPES if s.wgmma and s.name in shapes]
+        wgmma = [s.name for s in SHAPES if s.sm90a and s.name in shapes]
         if "shapes" in request.options and wgmma:
             raise SystemExit(
                 f"generator option shapes: {','.join(wgmma)} need(s) the {WGMMA_ARCH} target, "
@@ -127,10 +143,10 @@ def grid(request: common.Request) -> list[tuple[DType, Weight, Group, Shape]]:
 def template_args(dtype: DType, weight: Weight, group: Group, shape: Shape) -> str:
     """The template arguments of launch_gemm_instance<> for one grid point."""
     grouped = "true" if group.grouped else "false"
-    wgmma = "true" if shape.wgmma else "false"
     return (
         f"{dtype.cpp}, WeightType::{weight.enum}, {grouped}, "
-        f"{shape.m_tiles}, {shape.m_warps}, {shape.n_warps}, {shape.k_warps}, {wgmma}"
+        f"{shape.m_tiles}, {shape.m_warps}, {shape.n_warps}, {shape.k_warps}, "
+        f"Engine::{shape.engine}"
     )
 
 

@@ -159,8 +159,18 @@ if _family_built("marlin"):
     ):
         _marlin_gemm((1, 16, 64, 100), 4096, 512, dtype, weight_type, group, False)
     # 7 splits, the dispatch's choice at N = 8192 on sm_90: a cluster of 7 (not a power of two).
-    os.environ["APHRODITE_MARLIN_CONFIG"] = "m16n256:7"
-    _marlin_gemm((1, 16), 4096, 512, torch.float16, "uint4b8", 128, False)
+    # On sm_90 also the TMA-fed decode block (sm_90a builds): split in a cluster, split through
+    # global memory (stream-K), and whole tiles, with zero points and one scale per channel.
+    configs = [("m16n256:7", torch.float16, "uint4b8", 128)]
+    if torch.cuda.get_device_capability() == (9, 0):
+        configs += [
+            ("m16n256t:7", torch.float16, "uint4b8", 128),
+            ("m16n256t:sk", torch.bfloat16, "uint4", 32),
+            ("m16n256t:1", torch.float16, "uint4", -1),
+        ]
+    for config, dtype, weight_type, group in configs:
+        os.environ["APHRODITE_MARLIN_CONFIG"] = config
+        _marlin_gemm((1, 16), 4096, 512, dtype, weight_type, group, False)
     del os.environ["APHRODITE_MARLIN_CONFIG"]
 
 

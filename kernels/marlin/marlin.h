@@ -129,12 +129,19 @@ struct GemmProblem {
   int arch = 0;  ///< the device's compute capability, 10 * major + minor (wgmma blocks: 90)
 };
 
+/// How a block's main loop multiplies and is fed (marlin_gemm.cuh Config). kMmaSync: mma.sync,
+/// every thread copies its chunks of a stage with cp.async (sm_80 and newer). kMmaSyncTma
+/// (sm_90a): the same mma.sync loop, fed by a producer warp through TMA and mbarriers. kWgmma
+/// (sm_90a): warpgroup MMA, fed by a producer warpgroup.
+enum class Engine { kMmaSync, kMmaSyncTma, kWgmma };
+
 /// One entry of the thread-block shape grid (codegen/marlin.py SHAPES).
 struct BlockShape {
   int m_tiles;         ///< m16 tiles per block (block rows = 16 * m_tiles)
   int n_warps;         ///< warps side by side along n (block columns = 64 * n_warps)
   int k_warps = 1;     ///< groups of warps that split each k slice of the block's tile
   bool wgmma = false;  ///< sm_90a warpgroup MMA block (marlin_gemm.cuh Config), sm_90 only
+  bool tma = false;    ///< sm_90a mma.sync block fed by a TMA producer warp, sm_90 only
 };
 
 /// What the dispatcher chose for a problem, for tests and benchmarks.

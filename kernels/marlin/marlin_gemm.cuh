@@ -29,8 +29,10 @@
 // as the register A of the transposed product and the stage's activations read in place as its
 // B (compute_stage_wgmma); a third warpgroup, the producer, fills the pipeline by TMA, one thread
 // a stage, and hands slots over through mbarriers (Config::kProducer, produce_segments;
-// kernels/marlin/NOTES.md).
-// Torch-free; sm_80 and newer (mma.sync bf16, cp.async, ldmatrix); wgmma blocks sm_90a.
+// kernels/marlin/NOTES.md). The TMA-fed decode block (Engine::kMmaSyncTma, sm_90a only) keeps
+// the decode block's mma.sync loop and takes the same producer as a fifth warp.
+// Torch-free; sm_80 and newer (mma.sync bf16, cp.async, ldmatrix); Engine::kWgmma and
+// Engine::kMmaSyncTma blocks sm_90a.
 #pragma once
 
 #include <atomic>
@@ -272,8 +274,8 @@ struct StageMaps {
   CUtensorMap a, b, scales, zeros;
 };
 struct NoMaps {};
-template <bool kWgmma>
-using WgmmaMaps = std::conditional_t<kWgmma, StageMaps, NoMaps>;
+template <bool kProducer>
+using ProducerMaps = std::conditional_t<kProducer, StageMaps, NoMaps>;
 
 /// One segment of a block's range of units (gemm_kernel): a k range of one column tile.
 struct Segment {
@@ -307,6 +309,8 @@ inline int64_t max_contributors(int64_t col_blocks, int64_t num_stages, int64_t 
 /// many slots as fit (11 of 18 KiB for 64 rows, 7 of 26 KiB for 128), so that the producer
 /// (Config::kProducer) runs up to that many stages ahead.
 constexpr int kWgmmaSmemBudget = 200 * 1024;
+/// The TMA-fed decode block (Engine::kMmaSyncTma) runs two to an SM: 8 slots of 12 KiB.
+constexpr int kTmaDecodeSmemBudget = 100 * 1024;
 
 /// Compile-time facts of one instantiation. kWgmma (sm_90a): the block is kMWarps warpgroups
 /// (kMWarps = 2) of kNWarps = 4 warps that share all kBlockM rows; warpgroup r multiplies words
@@ -314,8 +318,11 @@ constexpr int kWgmmaSmemBudget = 200 * 1024;
 /// on the transposed product out^T = W^T a^T, the dequantized weights as wgmma's register A
 /// (64 columns: 16 per warp) and the activations as its shared-memory B (kBlockM rows).
 template <typename T, WeightType kWeight, bool kGrouped, int kMTiles, int kMWarps, int kNWarps,
-          int kKWarps, bool kWgmma>
+          int kKWarps, Engine kEngine>
 struct Config {
+  static constexpr bool kWgmma = kEngine == Engine::kWgmma;
+  /// A producer (warpgroup or warp) fills the pipeline by TMA (see kProducerThreads).
+  static constexpr bool kProducer = kEngine != Engine::kMmaSync;
   static constexpr int kThreads = 32 * kMWarps * kNWarps * kKWarps;
   static constexpr int kWarpKSteps = kKSteps / kKWarps;  ///< k steps per warp per stage
   static_assert(kKSteps % kKWarps == 0, "k warps split a stage's k steps evenly");
@@ -326,21 +333,26 @@ struct Config {
   static constexpr int kSBytes = kGrouped ? 2 * kBlockN * 2 : 0;  // 2 scale rows
   static constexpr bool kZeros = kWeight == WeightType::kUint4;
   static constexpr int kZBytes = (kGrouped && kZeros) ? 2 * kBlockN / 2 : 0;  // 2 zero rows
-  /// wgmma reads the activations of a stage through a swizzle whose phase is the address's
-  /// bits 7..9: every stage starts on a 1024-byte boundary.
+  /// TMA writes the activations of a stage in the 128-byte swizzle (which is also what wgmma
+  /// reads), whose phase is the address's bits 7..9: every stage starts on a 1024-byte boundary.
   static constexpr int kStageBytes =
-      kWgmma ? (kABytes + kBBytes + kSBytes + kZBytes + 1023) / 1024 * 1024
-             : kABytes + kBBytes + kSBytes + kZBytes;
+      kProducer ? (kABytes + kBBytes + kSBytes + kZBytes + 1023) / 1024 * 1024
+                : kABytes + kBBytes + kSBytes + kZBytes;
   static_assert(!kWgmma || (kMWarps == 2 && kNWarps == 4 && kKWarps == 1 &&
                             (kBlockM == 64 || kBlockM == 128)),
                 "a wgmma block is 2 warpgroups of 4 warps, 64 or 128 rows (wgmma n)");
-  static constexpr int kBudget = kWgmma ? kWgmmaSmemBudget : kSmemBudget;
+  static_assert(kEngine != Engine::kMmaSyncTma ||
+                    (kBlockM == 16 && kMWarps == 1 && kNWarps == 4 && kKWarps == 1),
+                "the TMA-fed mma.sync block is the 16-row decode block");
+  static constexpr int kBudget = kWgmma                           ? kWgmmaSmemBudget
+                                 : kEngine == Engine::kMmaSyncTma ? kTmaDecodeSmemBudget
+                                                                  : kSmemBudget;
   /// Decode blocks (16 rows) stream weights with little compute per byte: their run time is
   /// the weight bytes in flight per SM divided into the memory latency, so they get a deeper
   /// pipeline (6 stages, ~69 KiB: still 3 blocks per SM); taller blocks get 4 stages where
   /// they fit in kSmemBudget, else 3 (the 128-row block). A wgmma block takes as many as fit
   /// its budget besides the alignment (1 KiB) and its barriers (under 256 bytes).
-  static constexpr int kStages = kWgmma ? (kBudget - 1024 - 256) / kStageBytes
+  static constexpr int kStages = kProducer ? (kBudget - 1024 - 256) / kStageBytes
                                  : kBlockM <= 16 && kDecodeStages * kStageBytes <= kBudget
                                      ? kDecodeStages
                                  : kMaxStages * kStageBytes <= kBudget ? kMaxStages
@@ -365,41 +377,47 @@ struct Config {
   static constexpr int kSmemBytes =
       (kTileSumBytes > kPipeBytes && kTileSumBytes <= kBudget) ? kTileSumBytes : kPipeBytes;
   static_assert(kSmemBytes <= kBudget, "a block shape's pipeline must fit every target arch");
-  static_assert(!kWgmma || kStages >= 3, "a wgmma block's producer needs slots to run ahead");
+  static_assert(!kProducer || kStages >= 3, "a producer needs slots to run ahead");
   static constexpr bool kClusterReduce = kTileSumBytes <= kSmemBytes;
-  /// A wgmma block has one more warpgroup, the producer: one of its threads fills the pipeline
-  /// (TMA: StageMaps), as far ahead of the consumers as kStages slots go, and hands each slot over
-  /// through a pair of mbarriers (full: the stage's bytes have landed; empty: every consumer warp
-  /// is done with it). The consumer warps (kThreads) spend no instructions on copies and wait at no
-  /// block barrier a stage. Registers are handed out by warpgroup: the launch's 168 a thread (384
+  /// A producer block (kWgmma, kMmaSyncTma) has more threads than kThreads, the producer: one of
+  /// its threads fills the pipeline (TMA: StageMaps), as far ahead of the consumers as kStages
+  /// slots go, and hands each slot over through a pair of mbarriers (full: the stage's bytes have
+  /// landed; empty: every consumer warp is done with it). The consumer warps (kThreads) spend no
+  /// instructions on copies and wait at no block barrier a stage. A wgmma block's producer is a
+  /// warpgroup, since registers are handed out by warpgroup there: the launch's 168 a thread (384
   /// threads), then the producer drops to kProducerRegisters and the consumers take
-  /// kConsumerRegisters.
-  static constexpr bool kProducer = kWgmma;
-  static constexpr int kBlockThreads = kThreads + (kProducer ? 128 : 0);
+  /// kConsumerRegisters (setmaxnreg). The mma.sync block's is one warp, with the consumers'
+  /// registers.
+  static constexpr int kProducerThreads = kWgmma ? 128 : kProducer ? 32 : 0;
+  static constexpr int kBlockThreads = kThreads + kProducerThreads;
   static constexpr int kProducerRegisters = 24, kConsumerRegisters = 240;
   /// setmaxnreg moves registers within the block's own pool (the launch's share a thread,
   /// rounded down to 8, times its threads): an increase beyond it would wait forever.
-  static_assert(!kProducer || 128 * kProducerRegisters + kThreads * kConsumerRegisters <=
-                                  kBlockThreads * ((65536 / kBlockThreads) & ~7),
+  static_assert(!kWgmma || 128 * kProducerRegisters + kThreads * kConsumerRegisters <=
+                               kBlockThreads * ((65536 / kBlockThreads) & ~7),
                 "the warpgroups' registers fit the block's pool");
-  /// Dynamic shared memory to ask for: a wgmma block aligns its pipeline up to 1024 bytes, and
-  /// keeps its 2 x kStages mbarriers past kSmemBytes.
+  /// Dynamic shared memory to ask for: a producer block aligns its pipeline up to 1024 bytes,
+  /// and keeps its 2 x kStages mbarriers past kSmemBytes.
   static constexpr int kBarrierBytes = kProducer ? 2 * kStages * 8 : 0;
-  static constexpr int kSmemAlloc = kWgmma ? kSmemBytes + 1024 + kBarrierBytes : kSmemBytes;
+  static constexpr int kSmemAlloc = kProducer ? kSmemBytes + 1024 + kBarrierBytes : kSmemBytes;
   /// Resident blocks per SM that ptxas plans registers for (__launch_bounds__): 3 for the 4-warp
   /// blocks of 16 and 32 rows (at most 170 registers), which shared memory allows 3 per SM on
   /// sm_90. Without it ptxas 13.0 gave the bf16 uint4b8 decode block 96 registers and a spill,
   /// and the 32-row blocks 187-208 registers (2 per SM).
-  static constexpr int kMinBlocks = kThreads == 128 && kBlockM <= 32 ? 3 : 1;
+  /// The TMA-fed decode block (5 warps, 8 slots of 12 KiB) runs two to an SM.
+  static constexpr int kMinBlocks = kEngine == Engine::kMmaSyncTma     ? 2
+                                    : kThreads == 128 && kBlockM <= 32 ? 3
+                                                                       : 1;
   static_assert(kABytes % 16 == 0 && kBBytes % 16 == 0 && kSBytes % 16 == 0 && kZBytes % 16 == 0,
                 "stage parts must stay 16-byte aligned");
 };
 
-/// The producer warpgroup of a wgmma block (Config::kProducer): walks the block's segments as the
-/// consumers do, meeting them at the same block and cluster barriers, and one thread issues each
-/// stage's copies (StageMaps' boxes; rows and columns outside the tensors read as zero: past M
-/// and K the activations meet nothing, and columns past N are never stored) into the next slot
-/// the consumers have freed (their `empty` arrivals), completing on the slot's `full` barrier.
+/// The producer (a wgmma block's warpgroup, the TMA-fed decode block's warp; Config::kProducer):
+/// walks the block's segments as the consumers do, meeting them at the same block and cluster
+/// barriers, and one thread issues each stage's copies (StageMaps' boxes; rows and columns outside
+/// the tensors read as zero: past M and K the activations meet nothing, and columns past N are
+/// never stored) into the next slot the consumers have freed (their `empty` arrivals), completing
+/// on the slot's `full` barrier.
 template <typename C, bool kGrouped>
 __device__ __forceinline__ void produce_segments(const StageMaps& maps, const FastDiv& group_div,
                                                  const Segment& seg, unsigned char* smem,
@@ -457,19 +475,20 @@ __device__ __forceinline__ void produce_segments(const StageMaps& maps, const Fa
 }
 
 template <typename T, WeightType kWeight, bool kGrouped, int kMTiles, int kMWarps, int kNWarps,
-          int kKWarps, bool kWgmma>
+          int kKWarps, Engine kEngine>
 __global__ void __launch_bounds__(
-    Config<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps, kKWarps, kWgmma>::kBlockThreads,
-    Config<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps, kKWarps, kWgmma>::kMinBlocks)
+    Config<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps, kKWarps, kEngine>::kBlockThreads,
+    Config<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps, kKWarps, kEngine>::kMinBlocks)
     gemm_kernel(const GemmProblem p, const FastDiv group_div,
-                const __grid_constant__ WgmmaMaps<kWgmma> maps) {
-  using C = Config<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps, kKWarps, kWgmma>;
+                const __grid_constant__ ProducerMaps<kEngine != Engine::kMmaSync> maps) {
+  using C = Config<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps, kKWarps, kEngine>;
+  constexpr bool kWgmma = C::kWgmma;
   using Tr = Traits<T>;
   using T2 = typename Tr::T2;
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  // A wgmma block's pipeline starts at the next 1024-byte boundary (C::kSmemAlloc has room).
+  // A producer block's pipeline starts at the next 1024-byte boundary (C::kSmemAlloc has room).
   unsigned char* const smem =
-      kWgmma ? smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u) : smem_raw;
+      C::kProducer ? smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u) : smem_raw;
 
   const int tid = threadIdx.x;
   const int warp = tid / 32, lane = tid % 32;
@@ -497,15 +516,15 @@ __global__ void __launch_bounds__(
       }
       tma::init_fence();
     }
-    // The last warpgroup produces (with few registers), the others consume (with more); the role
-    // is warp-uniform by construction (a shuffle of lane 0's warp index), so that ptxas keeps
-    // the consumers' wgmma products asynchronous.
+    // The warps past kThreads produce (a wgmma block's with few registers), the others consume
+    // (with more); the role is warp-uniform by construction (a shuffle of lane 0's warp index),
+    // so that ptxas keeps the consumers' wgmma products asynchronous.
     if (__shfl_sync(0xffffffffu, warp, 0) >= C::kThreads / 32) {
-      wgmma::set_max_registers<false, C::kProducerRegisters>();
+      if constexpr (kWgmma) wgmma::set_max_registers<false, C::kProducerRegisters>();
       produce_segments<C, kGrouped>(maps, group_div, seg, smem, full_bars, empty_bars);
       return;
     }
-    wgmma::set_max_registers<true, C::kConsumerRegisters>();
+    if constexpr (kWgmma) wgmma::set_max_registers<true, C::kConsumerRegisters>();
   }
 
   // The work of a row of blocks (blockIdx.y) is its column tiles x num_stages k slices, as one
@@ -976,7 +995,7 @@ __global__ void __launch_bounds__(
       }
     };
 
-    if constexpr (C::kProducer) {
+    if constexpr (kWgmma) {
       // A consumer waits for its stage's bytes (full), computes it, and frees the slot of the
       // stage before once the stage's first batch has waited (compute_stage_wgmma's
       // first_batch_done); the segment's last slot after the loop. No block barrier a stage.
@@ -996,30 +1015,49 @@ __global__ void __launch_bounds__(
         }
       }
     } else {
-      // The pipeline of the other blocks: every thread copies its chunks of a stage (load_stage),
-      // kAhead = kStages - 1 slices in flight while one is computed.
+      // The pipeline of the mma.sync blocks: every thread copies its chunks of a stage
+      // (load_stage), kAhead = kStages - 1 slices in flight while one is computed; or, in the
+      // TMA-fed decode block, the producer warp fills the slots (produce_segments).
       constexpr int kAhead = C::kStages - 1;
+      if constexpr (!C::kProducer) {
 #pragma unroll
-      for (int s = 0; s < kAhead; ++s) {
-        if (s < n_iters) load_stage(stage_begin + s, s * C::kStageBytes);
-        cp_async_commit();
+        for (int s = 0; s < kAhead; ++s) {
+          if (s < n_iters) load_stage(stage_begin + s, s * C::kStageBytes);
+          cp_async_commit();
+        }
       }
       // Slice `it` is in slot it % kStages and slice it + kAhead goes to slot (it + kAhead) %
       // kStages: byte offsets kept as counters instead of a division per stage.
       auto main_loop = [&](auto narrow_tag) {
-        int compute_off = 0, load_off = kAhead * C::kStageBytes;
-        for (int it = 0; it < n_iters; ++it) {
-          cp_async_wait<kAhead - 1>();
-          // Slice `it` is visible to all, and every warp is done with slot (it + kAhead) % kStages
-          // (read by slice it - 1).
-          __syncthreads();
-          if (it + kAhead < n_iters) load_stage(stage_begin + it + kAhead, load_off);
-          cp_async_commit();
-          load_off += C::kStageBytes;
-          if (load_off == C::kStages * C::kStageBytes) load_off = 0;
-          compute_stage(compute_off, stage_begin + it, narrow_tag);
-          compute_off += C::kStageBytes;
-          if (compute_off == C::kStages * C::kStageBytes) compute_off = 0;
+        if constexpr (C::kProducer) {
+          // A consumer warp waits for its stage's bytes (full), computes it, and frees the slot
+          // (empty): its reads of the slot are done once compute_stage has used them. No block
+          // barrier a stage.
+          for (int it = 0; it < n_iters; ++it) {
+            tma::wait(full_bars + pipe_slot, pipe_parity);
+            compute_stage(pipe_slot * C::kStageBytes, stage_begin + it, narrow_tag);
+            __syncwarp();
+            if (lane == 0) tma::arrive(empty_bars + pipe_slot);
+            if (++pipe_slot == C::kStages) {
+              pipe_slot = 0;
+              pipe_parity ^= 1;
+            }
+          }
+        } else {
+          int compute_off = 0, load_off = kAhead * C::kStageBytes;
+          for (int it = 0; it < n_iters; ++it) {
+            cp_async_wait<kAhead - 1>();
+            // Slice `it` is visible to all, and every warp is done with slot (it + kAhead) %
+            // kStages (read by slice it - 1).
+            __syncthreads();
+            if (it + kAhead < n_iters) load_stage(stage_begin + it + kAhead, load_off);
+            cp_async_commit();
+            load_off += C::kStageBytes;
+            if (load_off == C::kStages * C::kStageBytes) load_off = 0;
+            compute_stage(compute_off, stage_begin + it, narrow_tag);
+            compute_off += C::kStageBytes;
+            if (compute_off == C::kStages * C::kStageBytes) compute_off = 0;
+          }
         }
       };
       if constexpr (kTransposed) {
@@ -1062,7 +1100,7 @@ __global__ void __launch_bounds__(
       } else {
         main_loop(std::false_type{});
       }
-      cp_async_wait<0>();
+      if constexpr (!C::kProducer) cp_async_wait<0>();
     }
 
     if constexpr (kWgmma) {
@@ -1073,7 +1111,7 @@ __global__ void __launch_bounds__(
       // stores: lane g even keeps row 8j + 2t, columns g, g + 1; g odd row 8j + 2t + 1, columns
       // g - 1, g.
       wgmma::wait<0>();
-      if (C::kProducer && n_iters > 0) {  // the segment's last slot is free
+      if (n_iters > 0) {  // the segment's last slot is free
         __syncwarp();
         if (lane == 0) tma::arrive(empty_bars + (pipe_slot + C::kStages - 1) % C::kStages);
       }
@@ -1288,10 +1326,10 @@ __global__ void __launch_bounds__(
 /// a repeat from a racing thread is harmless) and returns its resident blocks per SM there
 /// (queried once per device; the split heuristic needs it on every call).
 template <typename T, WeightType kWeight, bool kGrouped, int kMTiles, int kMWarps, int kNWarps,
-          int kKWarps, bool kWgmma>
+          int kKWarps, Engine kEngine>
 gpuError_t configure_instance(int* blocks_per_sm) {
-  using C = Config<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps, kKWarps, kWgmma>;
-  auto kernel = gemm_kernel<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps, kKWarps, kWgmma>;
+  using C = Config<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps, kKWarps, kEngine>;
+  auto kernel = gemm_kernel<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps, kKWarps, kEngine>;
   constexpr int kMaxDevices = 64;
   static std::atomic<int> occupancy[kMaxDevices];  // 0: not configured yet
   int device = 0;
@@ -1399,16 +1437,16 @@ ClusterShape cluster_shape(Kernel kernel, int natural, int sms, int splits, int6
 /// of `sms` SMs (0: it would not: no room for the tile's sums, a cluster size outside
 /// 2..kMaxClusterSplits, or none run here). Only meaningful on sm_90 and newer.
 template <typename T, WeightType kWeight, bool kGrouped, int kMTiles, int kMWarps, int kNWarps,
-          int kKWarps, bool kWgmma>
+          int kKWarps, Engine kEngine>
 int resident_clusters(int sms, int splits, int64_t blocks) {
-  using C = Config<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps, kKWarps, kWgmma>;
+  using C = Config<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps, kKWarps, kEngine>;
   if (!C::kClusterReduce || splits < 2 || splits > kMaxClusterSplits) return 0;
   int natural = 1;
-  if (configure_instance<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps, kKWarps, kWgmma>(
+  if (configure_instance<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps, kKWarps, kEngine>(
           &natural) != gpuSuccess) {
     return 0;
   }
-  auto kernel = gemm_kernel<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps, kKWarps, kWgmma>;
+  auto kernel = gemm_kernel<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps, kKWarps, kEngine>;
   return cluster_shape<C>(kernel, natural, sms, splits, blocks).clusters;
 }
 
@@ -1418,10 +1456,10 @@ int resident_clusters(int sms, int splits, int64_t blocks) {
 /// needs p.partials (max_contributors(...) x M x N floats) and a counter (of col tiles x row
 /// blocks) in p.counters.
 template <typename T, WeightType kWeight, bool kGrouped, int kMTiles, int kMWarps, int kNWarps,
-          int kKWarps, bool kWgmma>
+          int kKWarps, Engine kEngine>
 gpuError_t launch_gemm_instance(const GemmProblem& p, int workers, gpuStream_t stream) {
-  using C = Config<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps, kKWarps, kWgmma>;
-  auto kernel = gemm_kernel<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps, kKWarps, kWgmma>;
+  using C = Config<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps, kKWarps, kEngine>;
+  auto kernel = gemm_kernel<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps, kKWarps, kEngine>;
   if (p.k <= 0 || p.k > (int64_t{1} << 30)) return cudaErrorInvalidValue;  // 32-bit k in the kernel
   if (kGrouped && (p.group_size < 32 || p.group_size % kTileK != 0)) return cudaErrorInvalidValue;
   const int64_t units = (p.n + C::kBlockN - 1) / C::kBlockN * ((p.k + kBlockK - 1) / kBlockK);
@@ -1433,16 +1471,16 @@ gpuError_t launch_gemm_instance(const GemmProblem& p, int workers, gpuStream_t s
   }
   int natural = 1;  // blocks to an SM
   gpuError_t err =
-      configure_instance<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps, kKWarps, kWgmma>(
+      configure_instance<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps, kKWarps, kEngine>(
           &natural);
   if (err != gpuSuccess) return err;
   const dim3 grid(static_cast<unsigned>(workers),
                   static_cast<unsigned>((p.m + C::kBlockM - 1) / C::kBlockM));
   // Grouped kernels only divide by the group size (>= 32, the binding checks).
   const FastDiv group_div(kGrouped ? static_cast<uint32_t>(p.group_size) : 2u);
-  // A wgmma block's producer copies its stages by TMA (StageMaps).
-  WgmmaMaps<kWgmma> maps{};
-  if constexpr (kWgmma) {
+  // A producer copies its stages by TMA (StageMaps).
+  ProducerMaps<C::kProducer> maps{};
+  if constexpr (C::kProducer) {
     const CUtensorMapDataType t16 = std::is_same_v<T, __nv_bfloat16>
                                         ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
                                         : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;

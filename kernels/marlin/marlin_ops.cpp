@@ -105,8 +105,9 @@ at::Tensor awq_marlin_repack(const at::Tensor& b_q_weight, int64_t size_k, int64
 
 #if defined(APHRODITE_BACKEND_GPU) && APHRODITE_FAMILY_BUILT
 /// The dispatch's plan, or, for tuning only, the one APHRODITE_MARLIN_CONFIG forces:
-/// "m<rows>n<cols>[k<k warps>][w]" (a thread-block shape of codegen/marlin.py SHAPES, e.g.
-/// m16n256, m64n256k2, or m128n256w: w for the sm_90a wgmma blocks) with an optional ":<splits>" (k
+/// "m<rows>n<cols>[k<k warps>][w|t]" (a thread-block shape of codegen/marlin.py SHAPES, e.g.
+/// m16n256, m64n256k2, m128n256w or m16n256t: w for the sm_90a wgmma blocks, t for the sm_90a
+/// TMA-fed mma.sync block) with an optional ":<splits>" (k
 /// slices; without it the heuristic's split for that shape) or ":sk[<blocks>]" (stream-K over
 /// <blocks> blocks per row of blocks; without a number the blocks resident at once). Read on every
 /// call (a getenv), so a benchmark can sweep configurations in one process
@@ -124,9 +125,12 @@ marlin::GemmPlan plan_for(const char* op, const marlin::GemmProblem& p) {
     ok = std::sscanf(rest, "k%d%n", &k_warps, &used) == 1 && k_warps >= 1;
     rest += used;
   }
-  bool wgmma = false;
+  bool wgmma = false, tma = false;
   if (ok && *rest == 'w') {
     wgmma = true;
+    ++rest;
+  } else if (ok && *rest == 't') {
+    tma = true;
     ++rest;
   }
   if (ok && rest[0] == ':' && rest[1] == 's' && rest[2] == 'k') {
@@ -145,12 +149,13 @@ marlin::GemmPlan plan_for(const char* op, const marlin::GemmProblem& p) {
   ok = ok && *rest == '\0';
   TORCH_CHECK(ok && rows > 0 && rows % 16 == 0 && cols > 0 && cols % 64 == 0, op,
               ": APHRODITE_MARLIN_CONFIG='", forced,
-              "' is not 'm<rows>n<cols>[k<k warps>][w][:<splits>|:sk[<blocks>]]' ",
-              "(e.g. m16n256:4, m64n256k2, m64n256:sk, m128n256w:sk)");
-  TORCH_CHECK(!wgmma || p.arch == 90, op, ": APHRODITE_MARLIN_CONFIG='", forced,
-              "' names a wgmma block shape, which runs on sm_90 only (this device is sm_", p.arch,
-              ")");
-  const marlin::BlockShape shape{rows / 16, cols / 64, k_warps, wgmma};
+              "' is not 'm<rows>n<cols>[k<k warps>][w|t][:<splits>|:sk[<blocks>]]' ",
+              "(e.g. m16n256:4, m64n256k2, m64n256:sk, m128n256w:sk, m16n256t:7)");
+  TORCH_CHECK(!(wgmma || tma) || p.arch == 90, op, ": APHRODITE_MARLIN_CONFIG='", forced,
+              "' names an sm_90a block shape (wgmma or TMA-fed), which runs on sm_90 only (this "
+              "device is sm_",
+              p.arch, ")");
+  const marlin::BlockShape shape{rows / 16, cols / 64, k_warps, wgmma, tma};
   const marlin::GemmPlan plan = stream_k ? marlin::plan_gemm_stream_k(p, shape, splits)
                                          : marlin::plan_gemm_with(p, shape, splits);
   TORCH_CHECK(plan.shape.m_tiles != 0, op, ": APHRODITE_MARLIN_CONFIG='", forced,

@@ -462,6 +462,7 @@ BLOCK_SHAPES = [  # codegen/marlin.py SHAPES
     "m128n256",
     "m64n256w",  # the sm_90a wgmma blocks (built for 9.0a; skipped elsewhere)
     "m128n256w",
+    "m16n256t",  # the sm_90a TMA-fed decode block (likewise)
 ]
 
 
@@ -498,6 +499,7 @@ STREAM_K_SHAPES = [
     "m128n256",
     "m64n256w",
     "m128n256w",
+    "m16n256t",
 ]
 
 
@@ -522,21 +524,23 @@ def test_gemm_stream_k(device, monkeypatch, shape, blocks, m):
 def test_gemm_stream_k_groups(device, monkeypatch, dtype, weight_type, group_size, kn):
     # Every combination's stream-K path, at K below one slice, with a k tail, and at a size
     # where the resident blocks outnumber the column tiles; the decode and the 64-row block, and
-    # the wgmma blocks (sm_90a builds on sm_90 devices) with rows past M in their last block.
+    # the sm_90a blocks (wgmma, TMA-fed decode; sm_90a builds on sm_90 devices) with rows past M
+    # in their last block.
     require_cuda(device)
     k, n = kn
     if group_size > 0 and k % group_size:
         pytest.skip("K is not a multiple of the group size")
     layer = make_layer(k, n, dtype, weight_type, group_size, False, device)
     ws = marlin.make_workspace(device)
-    for m, shape in ((5, "m16n256"), (61, "m64n256"), (61, "m64n256w"), (141, "m128n256w")):
+    cases = ((5, "m16n256"), (61, "m64n256"), (61, "m64n256w"), (141, "m128n256w"), (9, "m16n256t"))
+    for m, shape in cases:
         a = torch.randn(m, k, dtype=dtype, device=device)
         monkeypatch.setenv("APHRODITE_MARLIN_CONFIG", shape + ":sk")
         try:
             out = run_gemm(a, layer, weight_type, workspace=ws)  # skips a shape left out
         except pytest.skip.Exception:
-            if shape.endswith("w"):
-                continue  # no wgmma blocks in this build or on this device
+            if shape.endswith(("w", "t")):
+                continue  # no sm_90a blocks in this build or on this device
             raise
         assert rel_error(out, marlin.gemm_ref(a, layer["w_ref"])) < TOL[dtype], shape
         assert torch.count_nonzero(ws) == 0, "split-K counters must be left at zero"
@@ -693,15 +697,16 @@ def run_generator(tmp_path, *options):
 def test_codegen_grid_and_narrowing(tmp_path):
     proc, loads = run_generator(tmp_path)
     outputs = loads(proc.stdout)["outputs"]
-    # 2 dtypes x 2 weight types x 2 group modes x 6 default block shapes (4 mma.sync, 2 wgmma
-    # for 9.0a), plus the dispatch.
-    assert len(outputs) == 2 * 2 * 2 * 6 + 1 and "marlin_dispatch.cu" in outputs
+    # 2 dtypes x 2 weight types x 2 group modes x 7 default block shapes (4 mma.sync, 2 wgmma
+    # and the TMA-fed decode block for 9.0a), plus the dispatch.
+    assert len(outputs) == 2 * 2 * 2 * 7 + 1 and "marlin_dispatch.cu" in outputs
     assert "marlin_f16_uint4b8_grouped_m128n256w.cu" in outputs
+    assert "marlin_f16_uint4_channel_m16n256t.cu" in outputs
     assert "marlin_bf16_uint4_grouped_m16n256.cu" in outputs
     assert not any("k2" in o for o in outputs), "the k-split shapes are built when named"
     proc, loads = run_generator(tmp_path, "dtypes=bf16", "groups=grouped")
     narrowed = loads(proc.stdout)["outputs"]
-    assert len(narrowed) == 2 * 6 + 1
+    assert len(narrowed) == 2 * 7 + 1
     assert all("_f16_" not in o and "_channel_" not in o for o in narrowed)
     proc, loads = run_generator(tmp_path, "dtypes=bf16", "groups=grouped", "shapes=m64n256k2")
     assert loads(proc.stdout)["outputs"] == [
@@ -711,9 +716,9 @@ def test_codegen_grid_and_narrowing(tmp_path):
     ]
 
 
-def test_codegen_wgmma_needs_sm90a(tmp_path):
-    # The wgmma blocks exist only where the family is built for 9.0a; naming them otherwise is
-    # an error that says which arch to request.
+def test_codegen_sm90a_shapes_need_sm90a(tmp_path):
+    # The wgmma and TMA-fed blocks exist only where the family is built for 9.0a; naming them
+    # otherwise is an error that says which arch to request.
     gen = Path(__file__).resolve().parents[2] / "codegen" / "marlin.py"
 
     def outputs(archs, *options):
@@ -726,11 +731,14 @@ def test_codegen_wgmma_needs_sm90a(tmp_path):
         proc = outputs(archs)
         assert proc.returncode == 0, proc.stderr
         names = json.loads(proc.stdout)["outputs"]
-        assert len(names) == 2 * 2 * 2 * 4 + 1 and not any(n.endswith("w.cu") for n in names)
-    proc = outputs("8.0 9.0a")
-    assert sum(n.endswith("w.cu") for n in json.loads(proc.stdout)["outputs"]) == 2 * 2 * 2 * 2
-    proc = outputs("9.0", "shapes=m16n256,m128n256w")
-    assert proc.returncode != 0 and "m128n256w" in proc.stderr and "9.0a" in proc.stderr
+        assert len(names) == 2 * 2 * 2 * 4 + 1
+        assert not any(n.endswith(("w.cu", "t.cu")) for n in names)
+    names = json.loads(outputs("8.0 9.0a").stdout)["outputs"]
+    assert sum(n.endswith("w.cu") for n in names) == 2 * 2 * 2 * 2
+    assert sum(n.endswith("t.cu") for n in names) == 2 * 2 * 2
+    for shape in ("m128n256w", "m16n256t"):
+        proc = outputs("9.0", f"shapes=m16n256,{shape}")
+        assert proc.returncode != 0 and shape in proc.stderr and "9.0a" in proc.stderr
 
 
 def test_codegen_rejects_bad_options(tmp_path):
