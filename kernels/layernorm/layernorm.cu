@@ -35,6 +35,12 @@ constexpr int kMaxFusedCache = kMaxCache / 2;
 /// Plain rms_norm with rows in registers: when one row (group) per block would make more blocks
 /// than this, each block takes two and loads the second while it stores the first.
 constexpr int64_t kPipelineMinBlocks = 8192;
+/// fused_add_rms_norm on at most this many wide rows (decode: fewer rows than an H100 has SMs,
+/// so each SM holds at most one of the one-row blocks) spreads a row over twice the threads, up
+/// to kMaxCachedThreads, each caching half as many vectors. H100, bf16, hidden 8192, cold L2:
+/// 512 threads x 2 vectors against 256 x 4 took 4.86 against 4.99 us at 16 rows and 5.27 against
+/// 5.41 at 64 (kernels/layernorm/NOTES.md).
+constexpr int64_t kFewRows = 128;
 /// The largest block of any kernel here (row_sum's bound on the warps of a row).
 constexpr int kMaxBlockThreads =
     kStreamThreads > kMaxCachedThreads ? kStreamThreads : kMaxCachedThreads;
@@ -87,7 +93,7 @@ __device__ __forceinline__ float warps_sum(const float* smem, int num_warps) {
 /// lane group; wide rows (blockDim.y == 1, blockDim.x a multiple of the warp size) go through
 /// shared memory. Every thread of the block must call it. `reuse` (a constant): smem is reused
 /// afterwards (the next row), so the call ends with a barrier; a kernel that reduces once skips it.
-/// `max256` (a constant): at most kMultiRowThreads (256) threads a row (fewer slots and registers).
+/// `max256`: at most kMultiRowThreads (256) threads a row (a tree of fewer slots).
 __device__ __forceinline__ float row_sum(float v, float* smem, bool reuse = true,
                                          bool max256 = false) {
   if (blockDim.x <= APHRODITE_WARP_SIZE) {
@@ -315,7 +321,7 @@ __global__ void __launch_bounds__(kMaxCachedThreads)
     }
     const float ss = sum_squares<T, kVec, kCache>(sum, [&](int i) { return valid && in_row(i); });
     const float inv_rms =
-        rsqrtf(row_sum(ss, smem, !kIdx32, kCache < kMaxFusedCache) * a.inv_hidden + a.epsilon);
+        rsqrtf(row_sum(ss, smem, !kIdx32, tx <= kMultiRowThreads) * a.inv_hidden + a.epsilon);
 #pragma unroll
     for (int i = 0; i < kCache; ++i) {
       if (valid && in_row(i)) {
@@ -490,6 +496,9 @@ gpuError_t launch_shaped(NormArgs<T> a, gpuStream_t stream) {
       }
     }
     if (cache == 0 && num_vecs <= int64_t{kMaxCachedThreads} * max_cache) cache = max_cache;
+    if (kFused && a.rows <= kFewRows) {
+      while (cache > 1 && num_vecs <= int64_t{kMaxCachedThreads} * (cache / 2)) cache /= 2;
+    }
     if (cache > 0) {
       tx = ceil_div(ceil_div(num_vecs, cache), kThreadQuantum) * kThreadQuantum;
     } else {
