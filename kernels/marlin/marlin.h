@@ -125,8 +125,9 @@ struct GemmProblem {
   int64_t group_size;  ///< rows per group; k for one group per channel
   ScalarType dtype;    ///< kFloat16 or kBFloat16
   WeightType weight_type;
-  int sm_count;  ///< of the device, for the split heuristic
-  int arch = 0;  ///< the device's compute capability, 10 * major + minor (wgmma blocks: 90)
+  int sm_count;       ///< of the device, for the split heuristic
+  int arch = 0;       ///< the device's compute capability, 10 * major + minor (wgmma blocks: 90)
+  int dram_gbps = 0;  ///< the device's peak DRAM bandwidth, GB/s (0: unknown)
 };
 
 /// How a block's main loop multiplies and is fed (marlin_gemm.cuh Config). kMmaSync: mma.sync,

@@ -293,22 +293,32 @@ at::Tensor gptq_marlin_gemm(
   if (size_m == 0) return out;
 
   const c10::cuda::OptionalCUDAGuard guard(a.device());
-  // SM count and compute capability per device, asked once (the dispatch needs them on every
-  // call).
+  // SM count, compute capability and peak DRAM bandwidth per device, asked once (the dispatch
+  // needs them on every call).
   constexpr int kMaxDevices = 64;
-  static std::atomic<int> sm_counts[kMaxDevices], archs[kMaxDevices];
+  static std::atomic<int> sm_counts[kMaxDevices], archs[kMaxDevices], dram[kMaxDevices];
   const int device = a.device().index();
   int sm_count = device < kMaxDevices ? sm_counts[device].load(std::memory_order_relaxed) : 0;
   int arch = device < kMaxDevices ? archs[device].load(std::memory_order_relaxed) : 0;
+  int dram_gbps = device < kMaxDevices ? dram[device].load(std::memory_order_relaxed) : 0;
   if (sm_count == 0 || arch == 0) {
     int major = 0, minor = 0;
     check_launch(op, cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device));
     check_launch(op, cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
     check_launch(op, cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
     arch = 10 * major + minor;
+    // Double data rate: 2 x clock (kHz) x bus width (bits) / 8 bytes; unknown (0) where the
+    // device does not say.
+    int clock_khz = 0, bus_bits = 0;
+    if (cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, device) == cudaSuccess &&
+        cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device) == cudaSuccess) {
+      dram_gbps = static_cast<int>(int64_t{clock_khz} * bus_bits / 4000000);
+    }
+    (void)cudaGetLastError();
     if (device < kMaxDevices) {
       sm_counts[device].store(sm_count, std::memory_order_relaxed);
       archs[device].store(arch, std::memory_order_relaxed);
+      dram[device].store(dram_gbps, std::memory_order_relaxed);
     }
   }
   marlin::GemmProblem p{};
@@ -330,6 +340,7 @@ at::Tensor gptq_marlin_gemm(
   p.weight_type = weight_type;
   p.sm_count = sm_count;
   p.arch = arch;
+  p.dram_gbps = dram_gbps;
   TORCH_CHECK(marlin::has_gemm(dtype, weight_type, num_groups > 1 && group_size < size_k), op,
               ": this combination (", to_string(dtype), ", ",
               weight_type == marlin::WeightType::kUint4 ? "uint4" : "uint4b8", ", ",
