@@ -350,8 +350,9 @@ struct Config {
   /// Decode blocks (16 rows) stream weights with little compute per byte: their run time is
   /// the weight bytes in flight per SM divided into the memory latency, so they get a deeper
   /// pipeline (6 stages, ~69 KiB: still 3 blocks per SM); taller blocks get 4 stages where
-  /// they fit in kSmemBudget, else 3 (the 128-row block). A wgmma block takes as many as fit
-  /// its budget besides the alignment (1 KiB) and its barriers (under 256 bytes).
+  /// they fit in kSmemBudget, else 3 (the 128-row block). A producer block (wgmma, TMA-fed
+  /// decode) takes as many as fit its budget besides the alignment (1 KiB) and its barriers
+  /// (under 256 bytes).
   static constexpr int kStages = kProducer ? (kBudget - 1024 - 256) / kStageBytes
                                  : kBlockM <= 16 && kDecodeStages * kStageBytes <= kBudget
                                      ? kDecodeStages
