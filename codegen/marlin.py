@@ -119,14 +119,14 @@ def grid(request: common.Request) -> list[tuple[DType, Weight, Group, Shape]]:
         else [s.name for s in DEFAULT_SHAPES]
     )
     if not any(a.split("+")[0] == WGMMA_ARCH for a in request.archs):
-        wgmma = [s.name for s in SHAPES if s.sm90a and s.name in shapes]
-        if "shapes" in request.options and wgmma:
+        sm90a = [s.name for s in SHAPES if s.sm90a and s.name in shapes]
+        if "shapes" in request.options and sm90a:
             raise SystemExit(
-                f"generator option shapes: {','.join(wgmma)} need(s) the {WGMMA_ARCH} target, "
+                f"generator option shapes: {','.join(sm90a)} need(s) the {WGMMA_ARCH} target, "
                 f"which the family's archs ({' '.join(request.archs) or 'none'}) leave out: "
                 f"request {WGMMA_ARCH} (e.g. TORCH_CUDA_ARCH_LIST=9.0a) or drop them"
             )
-        shapes = [name for name in shapes if name not in wgmma]
+        shapes = [name for name in shapes if name not in sm90a]
     return [
         (d, w, g, s)
         for d in DTYPES

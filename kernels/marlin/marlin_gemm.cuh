@@ -263,13 +263,13 @@ struct Partition {
   }
 };
 
-/// The tensor maps a wgmma block's producer copies a stage with (a kernel parameter): the
-/// activations [M, K] in boxes of the block's rows x one 64-deep slice (128 bytes: the 128-byte
-/// swizzle that wgmma reads), the packed weights [K / 16, N] as 8-byte elements in boxes of
-/// kKSteps k-tiles x the block's kNWarps tiles (2 KiB a k-tile), and the scale and zero rows
-/// [groups, N] / [groups, N / 8] in boxes of 2 rows x the block's columns (the second row is read
-/// only where a slice runs into the next group). Nothing for the other blocks, whose threads copy
-/// their stages themselves.
+/// The tensor maps a producer block (Config::kProducer) copies a stage with (a kernel parameter):
+/// the activations [M, K] in boxes of the block's rows x one 64-deep slice (128 bytes: the
+/// 128-byte swizzle that wgmma and the decode block's ldmatrix read), the packed weights
+/// [K / 16, N] as 8-byte elements in boxes of kKSteps k-tiles x the block's kNWarps tiles (2 KiB a
+/// k-tile), and the scale and zero rows [groups, N] / [groups, N / 8] in boxes of 2 rows x the
+/// block's columns (the second row is read only where a slice runs into the next group). Nothing
+/// for the cp.async blocks, whose threads copy their stages themselves.
 struct StageMaps {
   CUtensorMap a, b, scales, zeros;
 };
