@@ -138,11 +138,13 @@ enum class Engine { kMmaSync, kMmaSyncTma, kWgmma };
 
 /// One entry of the thread-block shape grid (codegen/marlin.py SHAPES).
 struct BlockShape {
-  int m_tiles;         ///< m16 tiles per block (block rows = 16 * m_tiles)
-  int n_warps;         ///< warps side by side along n (block columns = 64 * n_warps)
-  int k_warps = 1;     ///< groups of warps that split each k slice of the block's tile
-  bool wgmma = false;  ///< sm_90a warpgroup MMA block (marlin_gemm.cuh Config), sm_90 only
-  bool tma = false;    ///< sm_90a mma.sync block fed by a TMA producer warp, sm_90 only
+  int m_tiles;      ///< m16 tiles per block (block rows = 16 * m_tiles)
+  int n_warps;      ///< warps side by side along n (block columns = 64 * n_warps)
+  int k_warps = 1;  ///< groups of warps that split each k slice of the block's tile
+  /// How the block's main loop multiplies and is fed (marlin_gemm.cuh Config): the sm_90a
+  /// engines, kMmaSyncTma (mma.sync fed by a TMA producer warp) and kWgmma (warpgroup MMA), run
+  /// on sm_90 only.
+  Engine engine = Engine::kMmaSync;
 };
 
 /// What the dispatcher chose for a problem, for tests and benchmarks.

@@ -125,12 +125,12 @@ marlin::GemmPlan plan_for(const char* op, const marlin::GemmProblem& p) {
     ok = std::sscanf(rest, "k%d%n", &k_warps, &used) == 1 && k_warps >= 1;
     rest += used;
   }
-  bool wgmma = false, tma = false;
+  marlin::Engine engine = marlin::Engine::kMmaSync;
   if (ok && *rest == 'w') {
-    wgmma = true;
+    engine = marlin::Engine::kWgmma;
     ++rest;
   } else if (ok && *rest == 't') {
-    tma = true;
+    engine = marlin::Engine::kMmaSyncTma;
     ++rest;
   }
   if (ok && rest[0] == ':' && rest[1] == 's' && rest[2] == 'k') {
@@ -151,11 +151,12 @@ marlin::GemmPlan plan_for(const char* op, const marlin::GemmProblem& p) {
               ": APHRODITE_MARLIN_CONFIG='", forced,
               "' is not 'm<rows>n<cols>[k<k warps>][w|t][:<splits>|:sk[<blocks>]]' ",
               "(e.g. m16n256:4, m64n256k2, m64n256:sk, m128n256w:sk, m16n256t:7)");
-  TORCH_CHECK(!(wgmma || tma) || p.arch == 90, op, ": APHRODITE_MARLIN_CONFIG='", forced,
+  const bool sm90a = engine != marlin::Engine::kMmaSync;
+  TORCH_CHECK(!sm90a || p.arch == 90, op, ": APHRODITE_MARLIN_CONFIG='", forced,
               "' names an sm_90a block shape (wgmma or TMA-fed), which runs on sm_90 only (this "
               "device is sm_",
               p.arch, ")");
-  const marlin::BlockShape shape{rows / 16, cols / 64, k_warps, wgmma, tma};
+  const marlin::BlockShape shape{rows / 16, cols / 64, k_warps, engine};
   const marlin::GemmPlan plan = stream_k ? marlin::plan_gemm_stream_k(p, shape, splits)
                                          : marlin::plan_gemm_with(p, shape, splits);
   TORCH_CHECK(plan.shape.m_tiles != 0, op, ": APHRODITE_MARLIN_CONFIG='", forced,
