@@ -13,6 +13,7 @@ Options (APHRODITE_GENERATOR_OPTIONS="marlin.dtypes=bf16;marlin.groups=grouped")
 
 from __future__ import annotations
 
+import enum
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +41,34 @@ class Group:
     grouped: bool  # scales per group of rows (True) or one per channel (False)
 
 
+class Engine(enum.Enum):
+    """How a block's main loop multiplies and is fed: marlin.h's Engine, each member valued by
+    its C++ enumerator's name."""
+
+    # mma.sync, every thread copying its chunks of a stage with cp.async (sm_80 and newer)
+    MMA_SYNC = "kMmaSync"
+    # sm_90a: the same mma.sync loop, fed by a producer warp through TMA (the decode block)
+    MMA_SYNC_TMA = "kMmaSyncTma"
+    # sm_90a warpgroup MMA (wgmma): m_warps = 2 warpgroups of n_warps = 4 warps, each warpgroup
+    # multiplying half of every warp's 64 columns for all the block's rows
+    WGMMA = "kWgmma"
+
+    @property
+    def cpp(self) -> str:
+        """The C++ enumerator, as the generated sources spell it."""
+        return f"Engine::{self.value}"
+
+    @property
+    def suffix(self) -> str:
+        """What the engine adds to a shape's name (APHRODITE_MARLIN_CONFIG reads it back)."""
+        return {Engine.MMA_SYNC: "", Engine.MMA_SYNC_TMA: "t", Engine.WGMMA: "w"}[self]
+
+    @property
+    def sm90a(self) -> bool:
+        """Whether it needs the arch-specific sm_90a target (wgmma, TMA)."""
+        return self is not Engine.MMA_SYNC
+
+
 @dataclass(frozen=True)
 class Shape:
     """A thread block of k_warps x m_warps x n_warps warps, each 16*m_tiles rows x 64 columns;
@@ -49,11 +78,11 @@ class Shape:
     m_warps: int
     n_warps: int
     k_warps: int = 1
-    # sm_90a warpgroup MMA (wgmma) block: m_warps = 2 warpgroups of n_warps = 4 warps, each
-    # warpgroup multiplying half of every warp's 64 columns for all the block's rows
-    wgmma: bool = False
-    # sm_90a mma.sync block fed by TMA: a producer warp fills the pipeline (the decode block)
-    tma: bool = False
+    engine: Engine = Engine.MMA_SYNC
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.engine, Engine):
+            raise TypeError(f"Shape.engine must be an Engine, got {self.engine!r}")
 
     @property
     def rows(self) -> int:
@@ -62,19 +91,12 @@ class Shape:
     @property
     def name(self) -> str:
         k = f"k{self.k_warps}" if self.k_warps > 1 else ""
-        return (
-            f"m{self.rows}n{64 * self.n_warps}{k}{'w' if self.wgmma else 't' if self.tma else ''}"
-        )
+        return f"m{self.rows}n{64 * self.n_warps}{k}{self.engine.suffix}"
 
     @property
     def sm90a(self) -> bool:
         """Whether the block needs the arch-specific sm_90a target (wgmma, TMA)."""
-        return self.wgmma or self.tma
-
-    @property
-    def engine(self) -> str:
-        """The kernel's Engine (marlin_gemm.cuh): how its main loop multiplies and is fed."""
-        return "kWgmma" if self.wgmma else "kMmaSyncTma" if self.tma else "kMmaSync"
+        return self.engine.sm90a
 
 
 DTYPES = [DType("f16", "__half", "kFloat16"), DType("bf16", "__nv_bfloat16", "kBFloat16")]
@@ -87,14 +109,14 @@ GROUPS = [Group("grouped", True), Group("channel", False)]
 # an H200 sweep at M <= 16 found them slower everywhere, M = 32..128 is not measured yet).
 SHAPES = [
     Shape(1, 1, 4),
-    Shape(1, 1, 4, tma=True),
+    Shape(1, 1, 4, engine=Engine.MMA_SYNC_TMA),
     Shape(2, 1, 4),
     Shape(2, 1, 4, 2),
     Shape(4, 1, 4),
     Shape(4, 1, 4, 2),
     Shape(4, 2, 4),
-    Shape(2, 2, 4, wgmma=True),
-    Shape(4, 2, 4, wgmma=True),
+    Shape(2, 2, 4, engine=Engine.WGMMA),
+    Shape(4, 2, 4, engine=Engine.WGMMA),
 ]
 DEFAULT_SHAPES = [s for s in SHAPES if s.k_warps == 1]
 # The wgmma and TMA-fed blocks need the arch-specific sm_90a target (wgmma and the tensor-map
@@ -146,7 +168,7 @@ def template_args(dtype: DType, weight: Weight, group: Group, shape: Shape) -> s
     return (
         f"{dtype.cpp}, WeightType::{weight.enum}, {grouped}, "
         f"{shape.m_tiles}, {shape.m_warps}, {shape.n_warps}, {shape.k_warps}, "
-        f"Engine::{shape.engine}"
+        f"{shape.engine.cpp}"
     )
 
 
