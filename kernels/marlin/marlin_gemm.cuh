@@ -28,11 +28,11 @@
 // copies: per two k steps a warpgroup issues one batch of wgmma products, the dequantized weights
 // as the register A of the transposed product and the stage's activations read in place as its
 // B (compute_stage_wgmma); a third warpgroup, the producer, fills the pipeline by TMA, one thread
-// a stage, and hands slots over through mbarriers (Config::kProducer, produce_segments;
-// kernels/marlin/NOTES.md). The TMA-fed decode block (Engine::kMmaSyncTma, sm_90a only) keeps
-// the decode block's mma.sync loop and takes the same producer as a fifth warp.
-// Torch-free; sm_80 and newer (mma.sync bf16, cp.async, ldmatrix); Engine::kWgmma and
-// Engine::kMmaSyncTma blocks sm_90a.
+// walking the block's units on its own, and hands slots over through mbarriers
+// (Config::kProducer, produce_segments; kernels/marlin/NOTES.md). The TMA-fed decode block
+// (Engine::kMmaSyncTma, sm_90a only) keeps the decode block's mma.sync loop and takes the same
+// producer as a fifth warp. Torch-free; sm_80 and newer (mma.sync bf16, cp.async, ldmatrix);
+// Engine::kWgmma and Engine::kMmaSyncTma blocks sm_90a.
 #pragma once
 
 #include <atomic>
@@ -286,6 +286,39 @@ struct Segment {
   int slot;          ///< this block's partial slot among them (in k order)
   int next_unit;     ///< where the block's range continues
   int unit_end;      ///< where it ends
+
+  /// The first segment's range: this block's share of its row's column tiles x k slices of
+  /// block_n x kBlockK (Partition over gridDim.x blocks).
+  __device__ __forceinline__ void begin(const GemmProblem& p, int block_n) {
+    const Partition part(units(p, block_n), gridDim.x);
+    next_unit = static_cast<int>(part.start(blockIdx.x));
+    unit_end = static_cast<int>(part.start(blockIdx.x + 1));
+  }
+  /// Moves on to the block's next segment (col_block -1 once its range is done): the rest of
+  /// the current tile's k slices or of the block's range, whichever ends first, and the blocks
+  /// that share the tile.
+  __device__ __forceinline__ void next(const GemmProblem& p, int block_n) {
+    const int unit = next_unit;
+    if (unit >= unit_end) {
+      col_block = -1;
+      return;
+    }
+    const int num_stages = static_cast<int>((p.k + kBlockK - 1) / kBlockK);
+    col_block = unit / num_stages;
+    const int tile_unit0 = col_block * num_stages;
+    uint32_t first, last;
+    Partition(units(p, block_n), gridDim.x)
+        .sharers(blockIdx.x, tile_unit0, tile_unit0 + num_stages, first, last);
+    stage_begin = unit - tile_unit0;
+    stage_end = min(unit_end - tile_unit0, num_stages);
+    contributors = static_cast<int>(last - first + 1);
+    slot = static_cast<int>(blockIdx.x - first);
+    next_unit = tile_unit0 + stage_end;
+  }
+  /// A row of blocks' units: column tiles of block_n x k slices.
+  __device__ __forceinline__ static uint32_t units(const GemmProblem& p, int block_n) {
+    return static_cast<uint32_t>((p.n + block_n - 1) / block_n * ((p.k + kBlockK - 1) / kBlockK));
+  }
 };
 
 /// The most blocks that share one of `col_blocks` column tiles of `num_stages` k slices under
@@ -414,64 +447,67 @@ struct Config {
 };
 
 /// The producer (a wgmma block's warpgroup, the TMA-fed decode block's warp; Config::kProducer):
-/// walks the block's segments as the consumers do, meeting them at the same block and cluster
-/// barriers, and one thread issues each stage's copies (StageMaps' boxes; rows and columns outside
-/// the tensors read as zero: past M and K the activations meet nothing, and columns past N are
-/// never stored) into the next slot the consumers have freed (their `empty` arrivals), completing
-/// on the slot's `full` barrier.
+/// one of its threads walks the block's range of units on its own (the consumers' segments,
+/// back to back) and issues each stage's copies (StageMaps' boxes; rows and columns outside the
+/// tensors read as zero: past M and K the activations meet nothing, and columns past N are never
+/// stored) into the next slot the consumers have freed (their `empty` arrivals), completing on the
+/// slot's `full` barrier. It meets the consumers at no block barrier, so that it runs on into a
+/// block's next segment while the consumers finish the last one (stream-K: the pipeline does not
+/// drain at a tile boundary); the consumers synchronise among themselves (sync_consumers). A
+/// split summed in a cluster (the block's one segment) is the exception: every thread of the
+/// cluster meets its two cluster barriers.
 template <typename C, bool kGrouped>
-__device__ __forceinline__ void produce_segments(const StageMaps& maps, const FastDiv& group_div,
-                                                 const Segment& seg, unsigned char* smem,
+__device__ __forceinline__ void produce_segments(const GemmProblem& p, const StageMaps& maps,
+                                                 const FastDiv& group_div, unsigned char* smem,
                                                  uint64_t* full_bars, uint64_t* empty_bars) {
-  const bool issuer = threadIdx.x == C::kThreads;
   const int m0 = static_cast<int>(blockIdx.y) * C::kBlockM;
   constexpr uint32_t kBytes = C::kABytes + C::kBBytes + (kGrouped ? C::kSBytes + C::kZBytes : 0);
-  int slot = 0;
-  uint32_t parity = 0;
-  for (;;) {
-    __syncthreads();  // the consumers' segment barriers (gemm_kernel)
-    __syncthreads();
-    const int col_block = seg.col_block;
-    if (col_block < 0) return;
-    if (issuer) {
-      // Shared memory the consumers wrote last segment (a split's sums) before the copies.
-      tma::fence_proxy_async();
+  if (threadIdx.x == C::kThreads) {  // the issuing thread
+    // The block's units in order (the consumers' segments, back to back): k slice `stage` of
+    // column tile `col_block`.
+    const int num_stages = static_cast<int>((p.k + kBlockK - 1) / kBlockK);
+    const Partition part(Segment::units(p, C::kBlockN), gridDim.x);
+    const int unit_end = static_cast<int>(part.start(blockIdx.x + 1));
+    int unit = static_cast<int>(part.start(blockIdx.x));
+    int col_block = unit / num_stages;
+    int stage = unit - col_block * num_stages;
+    int slot = 0;
+    uint32_t parity = 0;
+#pragma unroll 1
+    for (; unit < unit_end; ++unit) {
       const int n0 = col_block * C::kBlockN;
-      for (int stage = seg.stage_begin; stage < seg.stage_end; ++stage) {
-        tma::wait(empty_bars + slot, parity ^ 1);
-        unsigned char* const base = smem + slot * C::kStageBytes;
-        uint64_t* const full = full_bars + slot;
-        tma::arrive_expect_tx(full, kBytes);
-        tma::load_2d(base, &maps.a, stage * kBlockK, m0, full);
-        tma::load_2d(base + C::kABytes, &maps.b, n0, stage * kKSteps, full);
-        if constexpr (kGrouped) {
-          const int row = static_cast<int>(group_div.div(stage * kBlockK));
-          tma::load_2d(base + C::kABytes + C::kBBytes, &maps.scales, n0, row, full);
-          if constexpr (C::kZeros) {
-            tma::load_2d(base + C::kABytes + C::kBBytes + C::kSBytes, &maps.zeros, n0 / 8, row,
-                         full);
-          }
-        }
-        if (++slot == C::kStages) {
-          slot = 0;
-          parity ^= 1;
+      tma::wait(empty_bars + slot, parity ^ 1);
+      unsigned char* const base = smem + slot * C::kStageBytes;
+      uint64_t* const full = full_bars + slot;
+      tma::arrive_expect_tx(full, kBytes);
+      tma::load_2d(base, &maps.a, stage * kBlockK, m0, full);
+      tma::load_2d(base + C::kABytes, &maps.b, n0, stage * kKSteps, full);
+      if constexpr (kGrouped) {
+        const int row = static_cast<int>(group_div.div(stage * kBlockK));
+        tma::load_2d(base + C::kABytes + C::kBBytes, &maps.scales, n0, row, full);
+        if constexpr (C::kZeros) {
+          tma::load_2d(base + C::kABytes + C::kBBytes + C::kSBytes, &maps.zeros, n0 / 8, row, full);
         }
       }
-    }
-    __syncwarp();
-    // The consumers' barriers after their main loop (gemm_kernel's epilogue): none for a tile of
-    // its own, three for a split summed in a cluster, two for one summed in global memory.
-    if (seg.contributors == 1) continue;
-    if constexpr (C::kClusterReduce) {
-      if (cluster_blocks_rank().x > 1) {
-        __syncthreads();
-        cluster_sync();
-        cluster_sync();
-        continue;
+      if (++slot == C::kStages) {
+        slot = 0;
+        parity ^= 1;
+      }
+      if (++stage == num_stages) {
+        stage = 0;
+        ++col_block;
       }
     }
-    __syncthreads();
-    __syncthreads();
+  }
+  // The consumers' epilogue (gemm_kernel) sums a split tile in a cluster, with two cluster
+  // barriers, where the launch made the tile's blocks one (split-K: each block's only segment,
+  // and every block of the cluster shares its tile).
+  if constexpr (C::kClusterReduce) {
+    if (cluster_blocks_rank().x > 1) {
+      __syncwarp();
+      cluster_sync();
+      cluster_sync();
+    }
   }
 }
 
@@ -517,16 +553,26 @@ __global__ void __launch_bounds__(
       }
       tma::init_fence();
     }
+    __syncthreads();  // the barriers are initialised before either role uses them
     // The warps past kThreads produce (a wgmma block's with few registers), the others consume
     // (with more); the role is warp-uniform by construction (a shuffle of lane 0's warp index),
     // so that ptxas keeps the consumers' wgmma products asynchronous.
     if (__shfl_sync(0xffffffffu, warp, 0) >= C::kThreads / 32) {
       if constexpr (kWgmma) wgmma::set_max_registers<false, C::kProducerRegisters>();
-      produce_segments<C, kGrouped>(maps, group_div, seg, smem, full_bars, empty_bars);
+      produce_segments<C, kGrouped>(p, maps, group_div, smem, full_bars, empty_bars);
       return;
     }
     if constexpr (kWgmma) wgmma::set_max_registers<true, C::kConsumerRegisters>();
   }
+  // The consumers' block barrier: a producer block's producer keeps to itself (produce_segments),
+  // so its consumers meet on a named barrier of their own.
+  auto sync_consumers = [] {
+    if constexpr (C::kProducer) {
+      asm volatile("bar.sync 1, %0;\n" ::"n"(C::kThreads) : "memory");
+    } else {
+      __syncthreads();
+    }
+  };
 
   // The work of a row of blocks (blockIdx.y) is its column tiles x num_stages k slices, as one
   // sequence of units (tile-major, k fastest) that its gridDim.x blocks share in equal
@@ -541,39 +587,13 @@ __global__ void __launch_bounds__(
   // accumulators need, and everything else a segment needs is derived inside the loop from the
   // launch's parameters, so that only the thread's indices stay live from one segment to the
   // next.
-  if (tid == 0) {
-    const uint32_t units = static_cast<uint32_t>((p.n + C::kBlockN - 1) / C::kBlockN *
-                                                 ((p.k + kBlockK - 1) / kBlockK));
-    const Partition part(units, gridDim.x);
-    seg.next_unit = static_cast<int>(part.start(blockIdx.x));
-    seg.unit_end = static_cast<int>(part.start(blockIdx.x + 1));
-  }
+  if (tid == 0) seg.begin(p, C::kBlockN);
 
   // The segments of this block's range: a k range of one column tile each.
   for (;;) {
-    __syncthreads();  // every warp is done with the previous segment's shared memory and `seg`
-    if (tid == 0) {
-      const int num_stages = static_cast<int>((p.k + kBlockK - 1) / kBlockK);
-      const int unit = seg.next_unit;
-      if (unit >= seg.unit_end) {
-        seg.col_block = -1;
-      } else {
-        const int col_block = unit / num_stages;
-        const int tile_unit0 = col_block * num_stages;
-        const uint32_t units =
-            static_cast<uint32_t>((p.n + C::kBlockN - 1) / C::kBlockN) * num_stages;
-        uint32_t first, last;
-        Partition(units, gridDim.x)
-            .sharers(blockIdx.x, tile_unit0, tile_unit0 + num_stages, first, last);
-        seg.col_block = col_block;
-        seg.stage_begin = unit - tile_unit0;
-        seg.stage_end = min(seg.unit_end - tile_unit0, num_stages);
-        seg.contributors = static_cast<int>(last - first + 1);
-        seg.slot = static_cast<int>(blockIdx.x - first);
-        seg.next_unit = tile_unit0 + seg.stage_end;
-      }
-    }
-    __syncthreads();
+    sync_consumers();  // every warp is done with the previous segment's shared memory and `seg`
+    if (tid == 0) seg.next(p, C::kBlockN);
+    sync_consumers();
     const int col_block = seg.col_block;
     if (col_block < 0) break;
     const int stage_begin = seg.stage_begin;
@@ -1285,7 +1305,7 @@ __global__ void __launch_bounds__(
         // The tile, tile-local, in rows of C::kTileSumStride floats.
         float* const red = reinterpret_cast<float*>(smem);
         auto red_at = [&](int r, int c) { return red + r * C::kTileSumStride + c; };
-        __syncthreads();  // every warp is done with the pipeline's buffers
+        sync_consumers();  // every warp is done with the pipeline's buffers
         for_each_pair([&](int64_t row, int64_t col, float v0, float v1) {
           *reinterpret_cast<float2*>(
               red_at(static_cast<int>(row - m0), static_cast<int>(col - n0))) = make_float2(v0, v1);
@@ -1305,12 +1325,12 @@ __global__ void __launch_bounds__(
           make_float2(v0, v1);
     });
     __threadfence();
-    __syncthreads();
+    sync_consumers();
     __shared__ int is_last;
     const int64_t tile =
         static_cast<int64_t>(blockIdx.y) * ((p.n + C::kBlockN - 1) / C::kBlockN) + seg.col_block;
     if (tid == 0) is_last = atomicAdd(p.counters + tile, 1) == contributors - 1;
-    __syncthreads();
+    sync_consumers();
     if (!is_last) continue;
     __threadfence();
     // The last to arrive sums every slot (its own too, read back: the order of the sum is the
