@@ -160,13 +160,17 @@ if _family_built("marlin"):
         _marlin_gemm((1, 16, 64, 100), 4096, 512, dtype, weight_type, group, False)
     # 7 splits, the dispatch's choice at N = 8192 on sm_90: a cluster of 7 (not a power of two).
     # On sm_90 also the TMA-fed decode block (sm_90a builds): split in a cluster, split through
-    # global memory (stream-K), and whole tiles, with zero points and one scale per channel.
+    # global memory (stream-K), and whole tiles, with zero points and one scale per channel; and
+    # stream-K over 3 blocks (ranges that cross a tile boundary) with it and the 64-row wgmma
+    # block, whose producers run into a block's next tile while its consumers sum the last.
     configs = [("m16n256:7", torch.float16, "uint4b8", 128)]
     if torch.cuda.get_device_capability() == (9, 0):
         configs += [
             ("m16n256t:7", torch.float16, "uint4b8", 128),
             ("m16n256t:sk", torch.bfloat16, "uint4", 32),
             ("m16n256t:1", torch.float16, "uint4", -1),
+            ("m16n256t:sk3", torch.float16, "uint4b8", 128),
+            ("m64n256w:sk3", torch.float16, "uint4b8", 128),
         ]
     for config, dtype, weight_type, group in configs:
         os.environ["APHRODITE_MARLIN_CONFIG"] = config
