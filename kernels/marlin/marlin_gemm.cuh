@@ -321,6 +321,21 @@ struct Segment {
   }
 };
 
+/// A producer block's place in its ring of kStages pipeline slots (Config::kProducer): the
+/// slot and the parity of the round it is in, which the slots' mbarriers take as their phase.
+/// The producer and the consumers each walk the same sequence of stages with one.
+template <int kStages>
+struct PipeCursor {
+  int slot = 0;
+  uint32_t parity = 0;
+  __device__ __forceinline__ void advance() {
+    if (++slot == kStages) {
+      slot = 0;
+      parity ^= 1;
+    }
+  }
+};
+
 /// The most blocks that share one of `col_blocks` column tiles of `num_stages` k slices under
 /// that partition: the fp32 partial slots (each M x N) a launch with `workers` blocks needs.
 inline int64_t max_contributors(int64_t col_blocks, int64_t num_stages, int64_t workers) {
@@ -471,14 +486,13 @@ __device__ __forceinline__ void produce_segments(const GemmProblem& p, const Sta
     int unit = static_cast<int>(part.start(blockIdx.x));
     int col_block = unit / num_stages;
     int stage = unit - col_block * num_stages;
-    int slot = 0;
-    uint32_t parity = 0;
+    PipeCursor<C::kStages> pipe;
 #pragma unroll 1
     for (; unit < unit_end; ++unit) {
       const int n0 = col_block * C::kBlockN;
-      tma::wait(empty_bars + slot, parity ^ 1);
-      unsigned char* const base = smem + slot * C::kStageBytes;
-      uint64_t* const full = full_bars + slot;
+      tma::wait(empty_bars + pipe.slot, pipe.parity ^ 1);
+      unsigned char* const base = smem + pipe.slot * C::kStageBytes;
+      uint64_t* const full = full_bars + pipe.slot;
       tma::arrive_expect_tx(full, kBytes);
       tma::load_2d(base, &maps.a, stage * kBlockK, m0, full);
       tma::load_2d(base + C::kABytes, &maps.b, n0, stage * kKSteps, full);
@@ -489,10 +503,7 @@ __device__ __forceinline__ void produce_segments(const GemmProblem& p, const Sta
           tma::load_2d(base + C::kABytes + C::kBBytes + C::kSBytes, &maps.zeros, n0 / 8, row, full);
         }
       }
-      if (++slot == C::kStages) {
-        slot = 0;
-        parity ^= 1;
-      }
+      pipe.advance();
       if (++stage == num_stages) {
         stage = 0;
         ++col_block;
@@ -537,13 +548,13 @@ __global__ void __launch_bounds__(
   const int g = lane / 4, t = lane % 4;
   // The producer's pipeline barriers, past the pipeline: full[s] (one arrival, the producer's,
   // plus the stage's bytes) and empty[s] (one arrival per consumer warp). Both roles walk the
-  // same sequence of stages over all segments, slot `pipe_slot` in the round of parity
-  // `pipe_parity`: a consumer waits for full's phase of that parity, the producer for empty's
-  // phase before it (parity ^ 1: a fresh barrier's, so that the first round waits for nothing).
+  // same sequence of stages over all segments (PipeCursor: slot `pipe.slot` in the round of
+  // parity `pipe.parity`): a consumer waits for full's phase of that parity, the producer for
+  // empty's phase before it (parity ^ 1: a fresh barrier's, so that the first round waits for
+  // nothing).
   uint64_t* const full_bars = reinterpret_cast<uint64_t*>(smem + C::kSmemBytes);
   uint64_t* const empty_bars = full_bars + C::kStages;
-  int pipe_slot = 0;
-  uint32_t pipe_parity = 0;
+  PipeCursor<C::kStages> pipe;
   __shared__ Segment seg;
   if constexpr (C::kProducer) {
     if (tid == 0) {
@@ -1022,18 +1033,15 @@ __global__ void __launch_bounds__(
       // first_batch_done); the segment's last slot after the loop. No block barrier a stage.
       int prev = -1;
       for (int it = 0; it < n_iters; ++it) {
-        tma::wait(full_bars + pipe_slot, pipe_parity);
-        compute_stage_wgmma(pipe_slot * C::kStageBytes, stage_begin + it, [&] {
+        tma::wait(full_bars + pipe.slot, pipe.parity);
+        compute_stage_wgmma(pipe.slot * C::kStageBytes, stage_begin + it, [&] {
           if (prev >= 0) {
             __syncwarp();
             if (lane == 0) tma::arrive(empty_bars + prev);
           }
         });
-        prev = pipe_slot;
-        if (++pipe_slot == C::kStages) {
-          pipe_slot = 0;
-          pipe_parity ^= 1;
-        }
+        prev = pipe.slot;
+        pipe.advance();
       }
     } else {
       // The pipeline of the mma.sync blocks: every thread copies its chunks of a stage
@@ -1055,14 +1063,11 @@ __global__ void __launch_bounds__(
           // (empty): its reads of the slot are done once compute_stage has used them. No block
           // barrier a stage.
           for (int it = 0; it < n_iters; ++it) {
-            tma::wait(full_bars + pipe_slot, pipe_parity);
-            compute_stage(pipe_slot * C::kStageBytes, stage_begin + it, narrow_tag);
+            tma::wait(full_bars + pipe.slot, pipe.parity);
+            compute_stage(pipe.slot * C::kStageBytes, stage_begin + it, narrow_tag);
             __syncwarp();
-            if (lane == 0) tma::arrive(empty_bars + pipe_slot);
-            if (++pipe_slot == C::kStages) {
-              pipe_slot = 0;
-              pipe_parity ^= 1;
-            }
+            if (lane == 0) tma::arrive(empty_bars + pipe.slot);
+            pipe.advance();
           }
         } else {
           int compute_off = 0, load_off = kAhead * C::kStageBytes;
@@ -1134,7 +1139,7 @@ __global__ void __launch_bounds__(
       wgmma::wait<0>();
       if (n_iters > 0) {  // the segment's last slot is free
         __syncwarp();
-        if (lane == 0) tma::arrive(empty_bars + (pipe_slot + C::kStages - 1) % C::kStages);
+        if (lane == 0) tma::arrive(empty_bars + (pipe.slot + C::kStages - 1) % C::kStages);
       }
       float* accf = &acc[0][0][0];
 #pragma unroll
