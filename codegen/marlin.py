@@ -187,13 +187,9 @@ def render(request: common.Request) -> dict[str, str]:
             shape=shape,
             args=template_args(dtype, weight, group, shape),
         )
-    combos = sorted(
-        {(d, w, g) for d, w, g, _ in instances}, key=lambda c: (c[0].name, c[1].name, c[2].name)
-    )
     files["marlin_dispatch.cu"] = env.get_template(TEMPLATES[1]).render(
         banner=common.banner(Path(__file__), TEMPLATES[1]),
         instances=[(*i, template_args(*i)) for i in instances],
-        combos=combos,
         shapes=[s for s in SHAPES if any(s == i[3] for i in instances)],
     )
     return files

@@ -145,6 +145,11 @@ struct BlockShape {
   /// engines, kMmaSyncTma (mma.sync fed by a TMA producer warp) and kWgmma (warpgroup MMA), run
   /// on sm_90 only.
   Engine engine = Engine::kMmaSync;
+
+  friend constexpr bool operator==(const BlockShape& a, const BlockShape& b) {
+    return a.m_tiles == b.m_tiles && a.n_warps == b.n_warps && a.k_warps == b.k_warps &&
+           a.engine == b.engine;
+  }
 };
 
 /// What the dispatcher chose for a problem, for tests and benchmarks.

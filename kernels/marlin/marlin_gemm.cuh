@@ -481,9 +481,10 @@ __device__ __forceinline__ void produce_segments(const GemmProblem& p, const Sta
     // The block's units in order (the consumers' segments, back to back): k slice `stage` of
     // column tile `col_block`.
     const int num_stages = static_cast<int>((p.k + kBlockK - 1) / kBlockK);
-    const Partition part(Segment::units(p, C::kBlockN), gridDim.x);
-    const int unit_end = static_cast<int>(part.start(blockIdx.x + 1));
-    int unit = static_cast<int>(part.start(blockIdx.x));
+    Segment range;
+    range.begin(p, C::kBlockN);
+    const int unit_end = range.unit_end;
+    int unit = range.next_unit;
     int col_block = unit / num_stages;
     int stage = unit - col_block * num_stages;
     PipeCursor<C::kStages> pipe;
