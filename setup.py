@@ -71,7 +71,7 @@ class CMakeBuild(build_ext):
         cache = build_dir / "CMakeCache.txt"
         if cache.exists():
             why = build_options.stale_cache_reason(
-                cache.read_text(errors="replace"), OPTIONS.device, sys.executable
+                cache.read_text(errors="replace"), OPTIONS.device, sys.executable, str(ROOT)
             )
             if why:
                 # Its cached compilers and torch paths would be used again: configure afresh.

@@ -323,12 +323,18 @@ def cmake_defined_names(args: list[str]) -> list[str]:
     return names
 
 
-def stale_cache_reason(cache_text: str, device: str, python: str) -> str | None:
+def stale_cache_reason(
+    cache_text: str, device: str, python: str, source_dir: str | None = None
+) -> str | None:
     """Why a build directory's CMakeCache.txt cannot serve this configure (another backend, or
-    another Python and so maybe another torch, whose paths the cache keeps), or None."""
+    another Python and so maybe another torch, whose paths the cache keeps, or another source
+    tree: a build directory copied or moved with its checkout would otherwise go on compiling
+    the sources it was configured for), or None."""
     cached = {}
     for line in cache_text.splitlines():
-        match = re.fullmatch(r"(APHRODITE_TARGET_DEVICE|Python3_EXECUTABLE):[A-Z]+=(.*)", line)
+        match = re.fullmatch(
+            r"(APHRODITE_TARGET_DEVICE|Python3_EXECUTABLE|CMAKE_HOME_DIRECTORY):[A-Z]+=(.*)", line
+        )
         if match:
             cached[match.group(1)] = match.group(2)
     if cached.get("APHRODITE_TARGET_DEVICE", device) != device:
@@ -337,6 +343,9 @@ def stale_cache_reason(cache_text: str, device: str, python: str) -> str | None:
     old = cached.get("Python3_EXECUTABLE")
     if old and os.path.abspath(old) != os.path.abspath(python):
         return f"was configured with {old}"
+    home = cached.get("CMAKE_HOME_DIRECTORY")
+    if source_dir and home and os.path.realpath(home) != os.path.realpath(source_dir):
+        return f"was configured for the sources in {home}"
     return None
 
 

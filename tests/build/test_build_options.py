@@ -153,11 +153,23 @@ def test_local_version_suffix():
     assert bo.TorchFacts("2.11.0", None, "6.3.42131", True).local_suffix == "rocm63"
 
 
-def test_a_build_dir_of_another_backend_or_python_is_configured_afresh():
-    cache = "APHRODITE_TARGET_DEVICE:STRING=cuda\nPython3_EXECUTABLE:FILEPATH=/venv/bin/python\n"
+def test_a_build_dir_of_another_backend_python_or_tree_is_configured_afresh(tmp_path):
+    src, copy = tmp_path / "src", tmp_path / "copy"
+    src.mkdir()
+    copy.mkdir()
+    cache = (
+        "APHRODITE_TARGET_DEVICE:STRING=cuda\nPython3_EXECUTABLE:FILEPATH=/venv/bin/python\n"
+        f"CMAKE_HOME_DIRECTORY:INTERNAL={src}\n"
+    )
     assert "for the cuda backend" in bo.stale_cache_reason(cache, "cpu", "/venv/bin/python")
     assert "configured with /venv/bin/python" in bo.stale_cache_reason(
         cache, "cuda", "/other/bin/python"
     )
-    assert bo.stale_cache_reason(cache, "cuda", "/venv/bin/python") is None
-    assert bo.stale_cache_reason("", "cuda", "/venv/bin/python") is None
+    # A checkout copied with its build dir: the cache still names the first tree's sources.
+    assert f"for the sources in {src}" in bo.stale_cache_reason(
+        cache, "cuda", "/venv/bin/python", str(copy)
+    )
+    (tmp_path / "link").symlink_to(src)
+    for source_dir in (str(src), str(tmp_path / "link"), None):
+        assert bo.stale_cache_reason(cache, "cuda", "/venv/bin/python", source_dir) is None
+    assert bo.stale_cache_reason("", "cuda", "/venv/bin/python", str(copy)) is None
