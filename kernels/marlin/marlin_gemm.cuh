@@ -132,6 +132,14 @@ __device__ __forceinline__ float4 ld_cluster_f4(uint32_t addr, uint32_t rank) {
   return v;
 }
 
+/// A load of a counter in global memory with acquire semantics at GPU scope: what the writers
+/// that raised it (each after a __threadfence) stored before is visible after it.
+__device__ __forceinline__ int ld_acquire_gpu(const int* addr) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(addr) : "memory");
+  return v;
+}
+
 /// 16-byte global->shared copy that bypasses L1; copies zeros instead when !valid.
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
   const int src_bytes = valid ? 16 : 0;
@@ -529,7 +537,8 @@ __global__ void __launch_bounds__(
     Config<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps, kKWarps, kEngine>::kBlockThreads,
     Config<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps, kKWarps, kEngine>::kMinBlocks)
     gemm_kernel(const GemmProblem p, const FastDiv group_div,
-                const __grid_constant__ ProducerMaps<kEngine != Engine::kMmaSync> maps) {
+                const __grid_constant__ ProducerMaps<kEngine != Engine::kMmaSync> maps,
+                const bool spread) {
   using C = Config<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps, kKWarps, kEngine>;
   constexpr bool kWgmma = C::kWgmma;
   using Tr = Traits<T>;
@@ -1332,20 +1341,38 @@ __global__ void __launch_bounds__(
     });
     __threadfence();
     sync_consumers();
+    auto load_slot = [&](int z, int r, int c) {
+      return __ldcg(reinterpret_cast<const float4*>(
+          p.partials + (static_cast<int64_t>(z) * p.m + m0 + r) * p.n + n0 + c));
+    };
+    int* const counter = p.counters +
+                         static_cast<int64_t>(blockIdx.y) * ((p.n + C::kBlockN - 1) / C::kBlockN) +
+                         seg.col_block;
+    if (spread) {
+      // Split-K with every block of the grid resident at once (launch_gemm_instance launched it
+      // cooperatively; each block has this one segment): as in a cluster, block `slot` sums a
+      // 1/contributors share of the tile over every slot, in slot order, once all have written
+      // theirs (the counter reaches `contributors`). The counter then counts the blocks past
+      // that wait a second time, and the last of them resets it for the next launch.
+      if (tid == 0) {
+        atomicAdd(counter, 1);
+        while (ld_acquire_gpu(counter) < contributors) __nanosleep(100);
+        if (atomicAdd(counter, 1) == 2 * contributors - 1) *counter = 0;
+      }
+      sync_consumers();
+      sum_quads(partial_slot * C::kThreads + tid, contributors * C::kThreads, contributors,
+                load_slot);
+      continue;
+    }
     __shared__ int is_last;
-    const int64_t tile =
-        static_cast<int64_t>(blockIdx.y) * ((p.n + C::kBlockN - 1) / C::kBlockN) + seg.col_block;
-    if (tid == 0) is_last = atomicAdd(p.counters + tile, 1) == contributors - 1;
+    if (tid == 0) is_last = atomicAdd(counter, 1) == contributors - 1;
     sync_consumers();
     if (!is_last) continue;
     __threadfence();
     // The last to arrive sums every slot (its own too, read back: the order of the sum is the
     // slots', whichever block is last).
-    sum_quads(tid, C::kThreads, contributors, [&](int z, int r, int c) {
-      return __ldcg(reinterpret_cast<const float4*>(
-          p.partials + (static_cast<int64_t>(z) * p.m + m0 + r) * p.n + n0 + c));
-    });
-    if (tid == 0) p.counters[tile] = 0;  // every contributor has arrived: ready for the next launch
+    sum_quads(tid, C::kThreads, contributors, load_slot);
+    if (tid == 0) *counter = 0;  // every contributor has arrived: ready for the next launch
   }
 }
 
@@ -1376,22 +1403,35 @@ gpuError_t configure_instance(int* blocks_per_sm) {
   return gpuSuccess;
 }
 
-/// The launch of `grid` blocks of `threads` threads in clusters of `splits` along x, each block
-/// asking for `smem` bytes of dynamic shared memory; `cluster` holds the cluster dimension
-/// attribute the configuration points to (it must outlive the configuration).
-inline cudaLaunchConfig_t cluster_launch(dim3 grid, int threads, int smem, int splits,
-                                         gpuStream_t stream, cudaLaunchAttribute& cluster) {
-  cluster = cudaLaunchAttribute{};
+/// The attribute of a launch in clusters of `splits` blocks along x.
+inline cudaLaunchAttribute cluster_attribute(int splits) {
+  cudaLaunchAttribute cluster{};
   cluster.id = cudaLaunchAttributeClusterDimension;
   cluster.val.clusterDim.x = static_cast<unsigned>(splits);
   cluster.val.clusterDim.y = 1;
   cluster.val.clusterDim.z = 1;
+  return cluster;
+}
+
+/// The attribute of a cooperative launch: every block of the grid resident at once, or the
+/// runtime refuses the launch.
+inline cudaLaunchAttribute cooperative_attribute() {
+  cudaLaunchAttribute cooperative{};
+  cooperative.id = cudaLaunchAttributeCooperative;
+  cooperative.val.cooperative = 1;
+  return cooperative;
+}
+
+/// The launch of `grid` blocks of `threads` threads, each block asking for `smem` bytes of
+/// dynamic shared memory, with the one attribute `attr` (it must outlive the configuration).
+inline cudaLaunchConfig_t launch_config(dim3 grid, int threads, int smem, gpuStream_t stream,
+                                        cudaLaunchAttribute* attr) {
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = dim3(static_cast<unsigned>(threads));
   config.dynamicSmemBytes = static_cast<size_t>(smem);
   config.stream = stream;
-  config.attrs = &cluster;
+  config.attrs = attr;
   config.numAttrs = 1;
   return config;
 }
@@ -1446,9 +1486,9 @@ ClusterShape cluster_shape(Kernel kernel, int natural, int sms, int splits, int6
       shape.smem = want;
     }
   }
-  cudaLaunchAttribute cluster;
-  const cudaLaunchConfig_t config = cluster_launch(
-      dim3(static_cast<unsigned>(splits)), C::kBlockThreads, shape.smem, splits, nullptr, cluster);
+  cudaLaunchAttribute cluster = cluster_attribute(splits);
+  const cudaLaunchConfig_t config = launch_config(dim3(static_cast<unsigned>(splits)),
+                                                  C::kBlockThreads, shape.smem, nullptr, &cluster);
   if (cudaOccupancyMaxActiveClusters(&shape.clusters, kernel, &config) != gpuSuccess ||
       shape.clusters < 0) {
     shape.clusters = 0;
@@ -1549,14 +1589,33 @@ gpuError_t launch_gemm_instance(const GemmProblem& p, int workers, gpuStream_t s
     const ClusterShape shape =
         cluster_shape<C>(kernel, natural, p.sm_count, static_cast<int>(splits), blocks);
     if (shape.clusters > 0 && static_cast<int64_t>(shape.clusters) * splits >= blocks) {
-      cudaLaunchAttribute cluster;
-      const cudaLaunchConfig_t config = cluster_launch(grid, C::kBlockThreads, shape.smem,
-                                                       static_cast<int>(splits), stream, cluster);
-      if (cudaLaunchKernelEx(&config, kernel, p, group_div, maps) == gpuSuccess) return gpuSuccess;
-      (void)gpuGetLastError();  // refused: the plain launch below
+      cudaLaunchAttribute cluster = cluster_attribute(static_cast<int>(splits));
+      const cudaLaunchConfig_t config =
+          launch_config(grid, C::kBlockThreads, shape.smem, stream, &cluster);
+      if (cudaLaunchKernelEx(&config, kernel, p, group_div, maps, false) == gpuSuccess) {
+        return gpuSuccess;
+      }
+      (void)gpuGetLastError();  // refused: the launches below
     }
   }
-  kernel<<<grid, C::kBlockThreads, C::kSmemAlloc, stream>>>(p, group_div, maps);
+  // Other split-K grids sum through global memory. Where every block of the grid is resident at
+  // once (a cooperative launch, which the runtime refuses otherwise) and a tile has more than 8
+  // rows, every block sums a share of its tile once the tile's blocks have all written theirs
+  // (`spread`), as a cluster does; else the last block of a tile to arrive sums all of it, which
+  // costs less than the wait for a tile of a few rows. H200, same run (2026-11-27, f16 uint4b8,
+  // group 128, split 8 of m16n256t, us): 28672x8192 M = 16 42.0 spread against 45.5 last, M = 1
+  // 39.4 against 38.2; m64n256w split 4 at M = 64 69.6 against 73.7 (kernels/marlin/NOTES.md).
+  if (splits >= 2 && p.sm_count > 0 && (p.m < C::kBlockM ? p.m : C::kBlockM) > 8 &&
+      int64_t{grid.x} * grid.y <= static_cast<int64_t>(natural) * p.sm_count) {
+    cudaLaunchAttribute cooperative = cooperative_attribute();
+    const cudaLaunchConfig_t config =
+        launch_config(grid, C::kBlockThreads, C::kSmemAlloc, stream, &cooperative);
+    if (cudaLaunchKernelEx(&config, kernel, p, group_div, maps, true) == gpuSuccess) {
+      return gpuSuccess;
+    }
+    (void)gpuGetLastError();  // refused: the plain launch below
+  }
+  kernel<<<grid, C::kBlockThreads, C::kSmemAlloc, stream>>>(p, group_div, maps, false);
   return gpuGetLastError();
 }
 

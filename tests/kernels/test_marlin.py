@@ -491,6 +491,20 @@ def test_gemm_forced_config(device, monkeypatch, shape, splits, m):
     check_forced(device, monkeypatch, shape + ("" if splits is None else f":{splits}"), 704, m)
 
 
+@pytest.mark.parametrize("shape", ["m16n256", "m64n256", "m16n256t", "m64n256w"])
+@pytest.mark.parametrize("n", [768, 28672])
+@pytest.mark.parametrize("m", [1, 33])
+def test_gemm_split_through_global_memory(device, monkeypatch, shape, n, m):
+    # 12 splits (more than a cluster takes) sum through global memory: at N = 768 and M = 33 (3
+    # column tiles, 36 blocks a row of blocks, resident at once; tiles of more than 8 rows)
+    # every block sums a share of its tile once all of the tile's blocks have written theirs; at
+    # M = 1, or N = 28672 (1344 blocks a row, more than GPUs of today hold at once), the last
+    # block of a tile to arrive sums it all. Both in slot order: exact, deterministic, and the
+    # counters left at zero.
+    out, again = check_forced(device, monkeypatch, f"{shape}:12", n, m)
+    assert torch.equal(out, again()), "not deterministic"
+
+
 STREAM_K_SHAPES = [
     "m16n256",
     "m32n256",
