@@ -1348,6 +1348,7 @@ __global__ void __launch_bounds__(
     int* const counter = p.counters +
                          static_cast<int64_t>(blockIdx.y) * ((p.n + C::kBlockN - 1) / C::kBlockN) +
                          seg.col_block;
+    int first = tid, step = C::kThreads;
     if (spread) {
       // Split-K with every block of the grid resident at once (launch_gemm_instance launched it
       // cooperatively; each block has this one segment): as in a cluster, block `slot` sums a
@@ -1360,19 +1361,19 @@ __global__ void __launch_bounds__(
         if (atomicAdd(counter, 1) == 2 * contributors - 1) *counter = 0;
       }
       sync_consumers();
-      sum_quads(partial_slot * C::kThreads + tid, contributors * C::kThreads, contributors,
-                load_slot);
-      continue;
+      first = partial_slot * C::kThreads + tid;
+      step = contributors * C::kThreads;
+    } else {
+      // The last to arrive sums every slot (its own too, read back: the order of the sum is the
+      // slots', whichever block is last), and resets the counter for the next launch.
+      __shared__ int is_last;
+      if (tid == 0) is_last = atomicAdd(counter, 1) == contributors - 1;
+      sync_consumers();
+      if (!is_last) continue;
+      __threadfence();
+      if (tid == 0) *counter = 0;  // every contributor has arrived
     }
-    __shared__ int is_last;
-    if (tid == 0) is_last = atomicAdd(counter, 1) == contributors - 1;
-    sync_consumers();
-    if (!is_last) continue;
-    __threadfence();
-    // The last to arrive sums every slot (its own too, read back: the order of the sum is the
-    // slots', whichever block is last).
-    sum_quads(tid, C::kThreads, contributors, load_slot);
-    if (tid == 0) *counter = 0;  // every contributor has arrived: ready for the next launch
+    sum_quads(first, step, contributors, load_slot);
   }
 }
 
