@@ -23,7 +23,10 @@
 //    range across tile boundaries, so that every SM gets the same work whatever the tile count).
 //    Where several blocks share a tile, each writes fp32 partials, and the last to arrive (a
 //    counter in the workspace) sums them in a fixed order (deterministic), adds the bias, writes
-//    the output and resets the counter to zero.
+//    the output and resets the counter to zero; a split-K grid the GPU holds at once (a
+//    cooperative launch) whose tiles have more than 8 rows has every block sum a share of its
+//    tile once all have written (`spread`), and on sm_90 a split tile's blocks run as a cluster
+//    and sum through their shared memory.
 // The wgmma blocks (kWgmma, sm_90a only) keep this structure but replace the MMA step and the
 // copies: per two k steps a warpgroup issues one batch of wgmma products, the dequantized weights
 // as the register A of the transposed product and the stage's activations read in place as its
