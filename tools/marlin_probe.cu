@@ -38,18 +38,18 @@ gpuError_t launch(int shape, const GemmProblem& p, int workers) {
   using detail::launch_gemm_instance;
   switch (shape) {
     case 0:
-      return launch_gemm_instance<__half, WeightType::kUint4b8, true, 1, 1, 4, 1, false>(p, workers,
-                                                                                         nullptr);
+      return launch_gemm_instance<__half, WeightType::kUint4b8, true, 1, 1, 4, 1, Engine::kMmaSync>(
+          p, workers, nullptr);
     case 1:
-      return launch_gemm_instance<__half, WeightType::kUint4b8, true, 2, 2, 4, 1, true>(p, workers,
-                                                                                        nullptr);
+      return launch_gemm_instance<__half, WeightType::kUint4b8, true, 2, 2, 4, 1, Engine::kWgmma>(
+          p, workers, nullptr);
     default:
-      return launch_gemm_instance<__half, WeightType::kUint4b8, true, 4, 2, 4, 1, true>(p, workers,
-                                                                                        nullptr);
+      return launch_gemm_instance<__half, WeightType::kUint4b8, true, 4, 2, 4, 1, Engine::kWgmma>(
+          p, workers, nullptr);
   }
 }
 
-template <int MT, int MW, bool W>
+template <int MT, int MW, Engine W>
 detail::ClusterShape clusters_of(int sms, int splits, int64_t blocks) {
   using C = detail::Config<__half, WeightType::kUint4b8, true, MT, MW, 4, 1, W>;
   int natural = 0;
@@ -143,9 +143,10 @@ int main() {
     const int bm = c.shape == 0 ? 16 : c.shape == 1 ? 64 : 128;
     const dim3 grid(workers, (c.m + bm - 1) / bm);
     const int64_t nb = int64_t{grid.x} * grid.y;
-    const detail::ClusterShape cs = c.shape == 0   ? clusters_of<1, 1, false>(sms, c.splits, nb)
-                                    : c.shape == 1 ? clusters_of<2, 2, true>(sms, c.splits, nb)
-                                                   : clusters_of<4, 2, true>(sms, c.splits, nb);
+    const detail::ClusterShape cs =
+        c.shape == 0   ? clusters_of<1, 1, Engine::kMmaSync>(sms, c.splits, nb)
+        : c.shape == 1 ? clusters_of<2, 2, Engine::kWgmma>(sms, c.splits, nb)
+                       : clusters_of<4, 2, Engine::kWgmma>(sms, c.splits, nb);
     const int mc = cs.clusters;
     const double bytes = c.k * c.n / 2.0 + c.k / 128.0 * c.n * 2;
     const char* names[] = {"m16n256", "m64n256w", "m128n256w"};

@@ -1,7 +1,9 @@
 """Writes header variants of kernels/marlin/marlin_gemm.cuh for tools/marlin_probe.cu, an A/B
 probe of the split-K reduction: `cl` (the header as it is: split tiles summed in a thread block
 cluster, blocks spread by shared memory), `cl_packed` (clusters with each block's own shared
-memory) and `nocl` (the fp32 partials in global memory). Only the launch differs.
+memory) and `nocl` (the fp32 partials in global memory: every block sums a share where the grid
+is resident at once and its tiles have more than 8 rows, else the last block to arrive). Only the
+launch differs.
 
     python3 tools/marlin_probe.py /tmp/mv
     for v in cl cl_packed nocl; do
