@@ -163,8 +163,8 @@ if _family_built("marlin"):
     # global memory (stream-K), and whole tiles, with zero points and one scale per channel; and
     # stream-K over 3 blocks (ranges that cross a tile boundary) with it and the 64-row wgmma
     # block, whose producers run into a block's next tile while its consumers sum the last.
-    # 12 splits sum through global memory, every block a share of its tile (the grid is
-    # resident at once).
+    # 12 splits sum through global memory: at m = 16 every block a share of its tile (the grid
+    # is resident at once), at m = 1 the last block to arrive.
     configs = [
         ("m16n256:7", torch.float16, "uint4b8", 128),
         ("m16n256:12", torch.bfloat16, "uint4", 32),

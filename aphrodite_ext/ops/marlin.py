@@ -44,7 +44,9 @@ WORKSPACE_COUNTERS = 4096
 
 
 def make_workspace(device: torch.device | str) -> torch.Tensor:
-    """The zeroed int32 workspace gptq_marlin_gemm takes (it leaves it zeroed again)."""
+    """The zeroed int32 workspace gptq_marlin_gemm takes (it leaves it zeroed again). One a
+    stream: calls that may run at the same time must not share one (a split tile's blocks may
+    wait on its counters)."""
     return torch.zeros(WORKSPACE_COUNTERS, dtype=torch.int32, device=device)
 
 

@@ -118,7 +118,11 @@ struct GemmProblem {
                          ///< (plain order, see awq_zeros_to_marlin), or nullptr
   const void* bias;      ///< [N] activation dtype, or nullptr
   float* partials;       ///< split-K scratch [splits, M, N] fp32 (splits > 1 only)
-  int32_t* counters;     ///< split-K tile counters, zero on entry, zero again on exit
+  /// split-K tile counters, zero on entry, zero again on exit. Not to be shared by launches
+  /// that may run at the same time (another stream): where every block of a split tile waits
+  /// for the others (gemm_kernel's `spread`), a counter that is not zero on entry can leave a
+  /// block waiting for ever.
+  int32_t* counters;
   int64_t num_counters;  ///< capacity of counters
   int64_t m, n, k;
   int64_t lda, ldc;

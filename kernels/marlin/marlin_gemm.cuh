@@ -24,9 +24,9 @@
 //    Where several blocks share a tile, each writes fp32 partials, and the last to arrive (a
 //    counter in the workspace) sums them in a fixed order (deterministic), adds the bias, writes
 //    the output and resets the counter to zero; a split-K grid the GPU holds at once (a
-//    cooperative launch) whose tiles have more than 8 rows has every block sum a share of its
-//    tile once all have written (`spread`), and on sm_90 a split tile's blocks run as a cluster
-//    and sum through their shared memory.
+//    cooperative launch) with more than 8 rows a block (min(M, block rows)) has every block sum a
+//    share of its tile once all have written (`spread`), and on sm_90 a split tile's blocks run as
+//    a cluster and sum through their shared memory.
 // The wgmma blocks (kWgmma, sm_90a only) keep this structure but replace the MMA step and the
 // copies: per two k steps a warpgroup issues one batch of wgmma products, the dequantized weights
 // as the register A of the transposed product and the stage's activations read in place as its
@@ -604,8 +604,10 @@ __global__ void __launch_bounds__(
   // workers = column tiles x splits that is split-K (each block one tile, 1/splits of its k);
   // with workers = the blocks that are resident at once (stream-K) every SM gets the same
   // work, and a block may finish one tile's k range and start the next tile's. A tile whose
-  // k range spans blocks first..last is summed through fp32 partials (slot x - first) by the
-  // last of them to arrive, in slot order.
+  // k range spans blocks first..last is summed in slot (x - first) order: through the blocks'
+  // shared memory where they run as a cluster, else through fp32 partials in global memory, by
+  // every block a share where the launch says `spread` (a split-K grid held at once), or by the
+  // last of them to arrive.
   // Thread 0 works out each segment between two barriers and hands it over in shared memory:
   // no register holds partition state across the main loop, which the 64-row blocks'
   // accumulators need, and everything else a segment needs is derived inside the loop from the
@@ -1603,8 +1605,9 @@ gpuError_t launch_gemm_instance(const GemmProblem& p, int workers, gpuStream_t s
     }
   }
   // Other split-K grids sum through global memory. Where every block of the grid is resident at
-  // once (a cooperative launch, which the runtime refuses otherwise) and a tile has more than 8
-  // rows, every block sums a share of its tile once the tile's blocks have all written theirs
+  // once (a cooperative launch, which the runtime refuses otherwise) and a block has more than 8
+  // rows (min(M, block rows)), every block sums a share of its tile once the tile's blocks have
+  // all written theirs
   // (`spread`), as a cluster does; else the last block of a tile to arrive sums all of it, which
   // costs less than the wait for a tile of a few rows. H200, same run (2026-11-27, f16 uint4b8,
   // group 128, split 8 of m16n256t, us): 28672x8192 M = 16 42.0 spread against 45.5 last, M = 1

@@ -496,7 +496,7 @@ def test_gemm_forced_config(device, monkeypatch, shape, splits, m):
 @pytest.mark.parametrize("m", [1, 33])
 def test_gemm_split_through_global_memory(device, monkeypatch, shape, n, m):
     # 12 splits (more than a cluster takes) sum through global memory: at N = 768 and M = 33 (3
-    # column tiles, 36 blocks a row of blocks, resident at once; tiles of more than 8 rows)
+    # column tiles, 36 blocks a row of blocks, resident at once; more than 8 rows a block)
     # every block sums a share of its tile once all of the tile's blocks have written theirs; at
     # M = 1, or N = 28672 (1344 blocks a row, more than GPUs of today hold at once), the last
     # block of a tile to arrive sums it all. Both in slot order: exact, deterministic, and the
