@@ -1607,11 +1607,11 @@ gpuError_t launch_gemm_instance(const GemmProblem& p, int workers, gpuStream_t s
   // Other split-K grids sum through global memory. Where every block of the grid is resident at
   // once (a cooperative launch, which the runtime refuses otherwise) and a block has more than 8
   // rows (min(M, block rows)), every block sums a share of its tile once the tile's blocks have
-  // all written theirs
-  // (`spread`), as a cluster does; else the last block of a tile to arrive sums all of it, which
-  // costs less than the wait for a tile of a few rows. H200, same run (2026-11-27, f16 uint4b8,
-  // group 128, split 8 of m16n256t, us): 28672x8192 M = 16 42.0 spread against 45.5 last, M = 1
-  // 39.4 against 38.2; m64n256w split 4 at M = 64 69.6 against 73.7 (kernels/marlin/NOTES.md).
+  // all written theirs (`spread`), as a cluster does; else the last block of a tile to arrive
+  // sums all of it, which costs less than the wait for a tile of a few rows. H200, same run
+  // (2026-11-27, f16 uint4b8, group 128, split 8 of m16n256t, us): 28672x8192 M = 16 42.0 spread
+  // against 45.5 last, M = 1 39.4 against 38.2; m64n256w split 4 at M = 64 69.6 against 73.7
+  // (kernels/marlin/NOTES.md).
   if (splits >= 2 && p.sm_count > 0 && (p.m < C::kBlockM ? p.m : C::kBlockM) > 8 &&
       int64_t{grid.x} * grid.y <= static_cast<int64_t>(natural) * p.sm_count) {
     cudaLaunchAttribute cooperative = cooperative_attribute();
