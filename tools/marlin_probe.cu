@@ -39,13 +39,13 @@ gpuError_t launch(int shape, const GemmProblem& p, int workers) {
   switch (shape) {
     case 0:
       return launch_gemm_instance<__half, WeightType::kUint4b8, true, 1, 1, 4, 1, Engine::kMmaSync>(
-          p, workers, nullptr);
+          p, workers, SplitSum::kAuto, nullptr);
     case 1:
       return launch_gemm_instance<__half, WeightType::kUint4b8, true, 2, 2, 4, 1, Engine::kWgmma>(
-          p, workers, nullptr);
+          p, workers, SplitSum::kAuto, nullptr);
     default:
       return launch_gemm_instance<__half, WeightType::kUint4b8, true, 4, 2, 4, 1, Engine::kWgmma>(
-          p, workers, nullptr);
+          p, workers, SplitSum::kAuto, nullptr);
   }
 }
 

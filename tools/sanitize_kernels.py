@@ -164,16 +164,21 @@ if _family_built("marlin"):
     # stream-K over 3 blocks (ranges that cross a tile boundary) with it and the 64-row wgmma
     # block, whose producers run into a block's next tile while its consumers sum the last.
     # 12 splits sum through global memory: at m = 16 every block a share of its tile (the grid
-    # is resident at once), at m = 1 the last block to arrive.
+    # is resident at once), at m = 1 the last block to arrive; and each of the two forced at both
+    # sizes ("/spread", "/last": marlin::SplitSum).
     configs = [
         ("m16n256:7", torch.float16, "uint4b8", 128),
         ("m16n256:12", torch.bfloat16, "uint4", 32),
+        ("m16n256:12/spread", torch.float16, "uint4b8", 128),
+        ("m16n256:12/last", torch.bfloat16, "uint4", 32),
     ]
     if torch.cuda.get_device_capability() == (9, 0):
         configs += [
             ("m16n256t:12", torch.float16, "uint4b8", 128),
             ("m64n256w:12", torch.float16, "uint4", 128),
             ("m16n256t:7", torch.float16, "uint4b8", 128),
+            ("m64n256w:4/cluster", torch.float16, "uint4b8", 128),
+            ("m64n256w:4/spread", torch.bfloat16, "uint4", 32),
             ("m16n256t:sk", torch.bfloat16, "uint4", 32),
             ("m16n256t:1", torch.float16, "uint4", -1),
             ("m16n256t:sk3", torch.float16, "uint4b8", 128),

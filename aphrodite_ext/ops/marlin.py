@@ -15,11 +15,21 @@ weight is our layout (repack with the ops here, not vLLM's), b_scales are plain 
 counters (zeros, left zeroed); vLLM's one-counter-per-SM workspace works and splits less.
 
 For tuning only: the environment variable
-APHRODITE_MARLIN_CONFIG="m<rows>n<cols>[k<k warps>][:<splits>|:sk[<blocks>]]" (e.g. "m16n256:4",
-"m64n256k2", "m64n256:sk"), read on every call, forces the GEMM's thread-block shape and its
-split-K factor, or stream-K over <blocks> blocks per row of blocks (default: as many as are
-resident at once), instead of the dispatch's choice (benchmarks/bench_marlin.py --sweep times
-them all). Every configuration computes the same result up to fp32 summation order.
+APHRODITE_MARLIN_CONFIG="m<rows>n<cols>[k<k warps>][w|t][:<splits>[/<sum>]|:sk[<blocks>]]" (e.g.
+"m16n256:4", "m64n256k2", "m64n256:sk", "m16n256t:8/spread"), read on every call, forces the
+GEMM's thread-block shape and its split-K factor, or stream-K over <blocks> blocks per row of
+blocks (default: as many as are resident at once), instead of the dispatch's choice
+(benchmarks/bench_marlin.py --sweep times them all). <sum> names how a split tile's blocks sum
+it: "cluster" (sm_90: through the shared memory of the tile's blocks, run as one cluster),
+"spread" (every block of a grid held at once sums a share through global memory) or "last" (the
+last block to arrive sums it all); the call raises where the launch cannot take that way. Every
+configuration computes the same result up to fp32 summation order, and the three sums of one
+split the same bits.
+
+The workspace's counters must be zero when a GEMM starts, and every GEMM leaves them so: a
+workspace is not to be shared by GEMMs that may run at the same time (on two streams). A counter
+found not zero fails the GEMM with an illegal-address fault (the CUDA context is then unusable)
+rather than summing the tile wrongly or waiting for ever.
 """
 
 from __future__ import annotations

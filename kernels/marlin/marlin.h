@@ -119,9 +119,9 @@ struct GemmProblem {
   const void* bias;      ///< [N] activation dtype, or nullptr
   float* partials;       ///< split-K scratch [splits, M, N] fp32 (splits > 1 only)
   /// split-K tile counters, zero on entry, zero again on exit. Not to be shared by launches
-  /// that may run at the same time (another stream): where every block of a split tile waits
-  /// for the others (gemm_kernel's `spread`), a counter that is not zero on entry can leave a
-  /// block waiting for ever.
+  /// that may run at the same time (another stream): a counter that is not zero on entry fails
+  /// the launch with an illegal-address fault (marlin_gemm.cuh fail_launch), which leaves the
+  /// CUDA context unusable, as any such fault does.
   int32_t* counters;
   int64_t num_counters;  ///< capacity of counters
   int64_t m, n, k;
@@ -156,6 +156,20 @@ struct BlockShape {
   }
 };
 
+/// How the blocks that share a split-K tile sum their partial sums (marlin_gemm.cuh
+/// launch_gemm_instance), all in slot order, so that every way gives the same result. kAuto:
+/// the launch's choice (kCluster where the tile's blocks fit in a cluster and all of the grid's
+/// clusters are resident at once, else kSpread where the whole grid is and a block has more
+/// than 8 rows, else kLast). The others, for tests and benchmarks, take that way or fail the
+/// launch (cudaErrorNotSupported where it does not apply: no split, stream-K, or a cluster on
+/// a block shape or GPU without them; the runtime's error where it refuses the launch).
+/// - kCluster (sm_90): the tile's blocks run as one cluster and sum through their shared
+///   memory, each a share of the tile.
+/// - kSpread: the grid is launched cooperatively (every block resident at once); every block
+///   stores its slot in global memory, waits for the tile's other blocks, and sums a share.
+/// - kLast: every block stores its slot; the last to arrive sums the whole tile.
+enum class SplitSum { kAuto, kCluster, kSpread, kLast };
+
 /// What the dispatcher chose for a problem, for tests and benchmarks.
 struct GemmPlan {
   BlockShape shape;
@@ -165,6 +179,7 @@ struct GemmPlan {
   /// about the blocks resident at once over the row blocks, each taking an equal share of the
   /// row's column tiles x k slices (marlin_gemm.cuh).
   int workers = 0;
+  SplitSum sum = SplitSum::kAuto;  ///< how a split tile is summed (the dispatch: kAuto)
 };
 
 }  // namespace aphrodite::marlin

@@ -135,12 +135,36 @@ __device__ __forceinline__ float4 ld_cluster_f4(uint32_t addr, uint32_t rank) {
   return v;
 }
 
-/// A load of a counter in global memory with acquire semantics at GPU scope: what the writers
-/// that raised it (each after a __threadfence) stored before is visible after it.
+/// A load of a counter in global memory with acquire semantics at GPU scope: what the blocks
+/// that raised it (atom_add_acq_rel_gpu) stored before is visible after it.
 __device__ __forceinline__ int ld_acquire_gpu(const int* addr) {
   int v;
   asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(addr) : "memory");
   return v;
+}
+
+/// Adds `v` to a counter in global memory with acquire-release semantics at GPU scope and
+/// returns the value before. Issued by one thread after a block barrier, its release covers what
+/// every thread of the block stored before the barrier (the pattern of cooperative groups' grid
+/// sync: a fence in one thread after the barrier, not in each), and its acquire what the blocks
+/// that raised the counter before it stored.
+__device__ __forceinline__ int atom_add_acq_rel_gpu(int* addr, int v) {
+  int old;
+  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;\n"
+               : "=r"(old)
+               : "l"(addr), "r"(v)
+               : "memory");
+  return old;
+}
+
+/// Fails the launch: a store to address 0, which the GPU reports as an illegal address
+/// (cudaErrorIllegalAddress) at the host's next synchronization, and which leaves the CUDA
+/// context unusable, as any such fault does. Not a trap or a device-side assert, which would say
+/// more: an assert is a function call, and a call anywhere in a kernel makes ptxas serialize its
+/// wgmma (C7510; the 64-row wgmma block lost 20-28% to it on an H200), and a trap made ptxas
+/// spill in the wgmma blocks (44 bytes in m64n256w, which spills none without it).
+__device__ __forceinline__ void fail_launch() {
+  asm volatile("st.global.b32 [%0], %1;\n" ::"l"(0ull), "r"(0) : "memory");
 }
 
 /// 16-byte global->shared copy that bypasses L1; copies zeros instead when !valid.
@@ -1338,14 +1362,13 @@ __global__ void __launch_bounds__(
         continue;
       }
     }
-    const int partial_slot = seg.slot;
-
+    // (seg.slot is read where it is used: held in a register from here, it made ptxas spill in
+    // the 128-row wgmma block's main loop.)
     for_each_pair([&](int64_t row, int64_t col, float v0, float v1) {
-      *reinterpret_cast<float2*>(p.partials + (partial_slot * p.m + row) * p.n + col) =
+      *reinterpret_cast<float2*>(p.partials + (seg.slot * p.m + row) * p.n + col) =
           make_float2(v0, v1);
     });
-    __threadfence();
-    sync_consumers();
+    sync_consumers();  // every thread's slot is stored before thread 0 releases it below
     auto load_slot = [&](int z, int r, int c) {
       return __ldcg(reinterpret_cast<const float4*>(
           p.partials + (static_cast<int64_t>(z) * p.m + m0 + r) * p.n + n0 + c));
@@ -1353,31 +1376,52 @@ __global__ void __launch_bounds__(
     int* const counter = p.counters +
                          static_cast<int64_t>(blockIdx.y) * ((p.n + C::kBlockN - 1) / C::kBlockN) +
                          seg.col_block;
+    // Thread 0 raises the tile's counter (releasing the block's slot, acquiring the slots of the
+    // blocks before it). Every launch leaves the counters at zero, so a count that reaches
+    // `contributors` before this block's arrival means a counter that was not zero at launch:
+    // a workspace shared by launches that run at the same time, or never zeroed. That fails the
+    // launch (fail_launch), where the last-block sum would sum the tile wrongly and the spread
+    // sum wait for ever. `polls` then starts at the spread wait's bound, so that one check at
+    // the end fails both (a fail_launch in the wait too made ptxas schedule the 32-row block's
+    // main loop differently, and M = 32 8192 x 28672 ran 1.6% slower on an H200).
+    constexpr int kMaxPolls = 1 << 22;
+    __shared__ int last_to_arrive;
+    if (tid == 0) {
+      const int before = atom_add_acq_rel_gpu(counter, 1);
+      int polls = before >= contributors ? kMaxPolls : 0;
+      if (spread) {
+        // Split-K with every block of the grid resident at once (launch_gemm_instance launched
+        // it cooperatively; each block has this one segment): wait until every block of the
+        // tile has stored its slot (the counter reaches `contributors`), then count the blocks
+        // past that wait a second time; the last of them resets the counter for the next
+        // launch. The wait is bounded (a poll is an L2 round trip, ~0.5 us or more: kMaxPolls
+        // of them take seconds, where the tile's blocks arrive within microseconds of each
+        // other), so that a counter another launch reset under this one fails the launch
+        // instead of hanging it.
+        while (polls < kMaxPolls && ld_acquire_gpu(counter) < contributors) {
+          __nanosleep(100);
+          ++polls;
+        }
+        if (atomicAdd(counter, 1) == 2 * contributors - 1) *counter = 0;
+      } else {
+        // The last to arrive sums every slot and resets the counter (all have arrived).
+        last_to_arrive = before == contributors - 1;
+        if (last_to_arrive) *counter = 0;
+      }
+      if (polls >= kMaxPolls) fail_launch();
+    }
+    sync_consumers();
     int first = tid, step = C::kThreads;
     if (spread) {
-      // Split-K with every block of the grid resident at once (launch_gemm_instance launched it
-      // cooperatively; each block has this one segment): as in a cluster, block `slot` sums a
-      // 1/contributors share of the tile over every slot, in slot order, once all have written
-      // theirs (the counter reaches `contributors`). The counter then counts the blocks past
-      // that wait a second time, and the last of them resets it for the next launch.
-      if (tid == 0) {
-        atomicAdd(counter, 1);
-        while (ld_acquire_gpu(counter) < contributors) __nanosleep(100);
-        if (atomicAdd(counter, 1) == 2 * contributors - 1) *counter = 0;
-      }
-      sync_consumers();
-      first = partial_slot * C::kThreads + tid;
+      // As in a cluster, block `slot` sums a 1/contributors share of the tile over every slot,
+      // in slot order.
+      first = seg.slot * C::kThreads + tid;
       step = contributors * C::kThreads;
-    } else {
-      // The last to arrive sums every slot (its own too, read back: the order of the sum is the
-      // slots', whichever block is last), and resets the counter for the next launch.
-      __shared__ int is_last;
-      if (tid == 0) is_last = atomicAdd(counter, 1) == contributors - 1;
-      sync_consumers();
-      if (!is_last) continue;
-      __threadfence();
-      if (tid == 0) *counter = 0;  // every contributor has arrived
+    } else if (!last_to_arrive) {
+      continue;
     }
+    // The last block reads its own slot back too: the order of the sum is the slots', whichever
+    // block is last.
     sum_quads(first, step, contributors, load_slot);
   }
 }
@@ -1527,10 +1571,12 @@ int resident_clusters(int sms, int splits, int64_t blocks) {
 /// a row of blocks share its column tiles x k slices in equal contiguous ranges (gemm_kernel).
 /// workers = column tiles x splits is split-K; every tile whose k range several blocks share
 /// needs p.partials (max_contributors(...) x M x N floats) and a counter (of col tiles x row
-/// blocks) in p.counters.
+/// blocks) in p.counters. `sum`: how split tiles are summed (SplitSum; kAuto but in tests and
+/// benchmarks).
 template <typename T, WeightType kWeight, bool kGrouped, int kMTiles, int kMWarps, int kNWarps,
           int kKWarps, Engine kEngine>
-gpuError_t launch_gemm_instance(const GemmProblem& p, int workers, gpuStream_t stream) {
+gpuError_t launch_gemm_instance(const GemmProblem& p, int workers, SplitSum sum,
+                                gpuStream_t stream) {
   using C = Config<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps, kKWarps, kEngine>;
   auto kernel = gemm_kernel<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps, kKWarps, kEngine>;
   if (p.k <= 0 || p.k > (int64_t{1} << 30)) return cudaErrorInvalidValue;  // 32-bit k in the kernel
@@ -1583,7 +1629,12 @@ gpuError_t launch_gemm_instance(const GemmProblem& p, int workers, gpuStream_t s
   // refused) takes the global-memory path, and the plan's workspace is the same either way.
   const int64_t col_blocks = (p.n + C::kBlockN - 1) / C::kBlockN;
   const int64_t splits = workers % col_blocks == 0 ? workers / col_blocks : 1;
-  if (C::kClusterReduce && p.arch >= 90 && splits >= 2 && splits <= kMaxClusterSplits) {
+  const int64_t blocks = int64_t{grid.x} * grid.y;
+  if (sum != SplitSum::kAuto && splits < 2) return cudaErrorNotSupported;  // nothing to sum
+  const bool cluster_fits =
+      C::kClusterReduce && p.arch >= 90 && splits >= 2 && splits <= kMaxClusterSplits;
+  if (sum == SplitSum::kCluster && !cluster_fits) return cudaErrorNotSupported;
+  if (cluster_fits && (sum == SplitSum::kAuto || sum == SplitSum::kCluster)) {
     // A cluster's blocks are placed together on one GPC. With each block asking for its own
     // shared memory, cluster grids of 2 to 3 blocks an SM lost up to 24% to the plain launch on
     // an H200 (kernels/marlin/NOTES.md), as if clusters took fewer SMs than a plain launch
@@ -1591,16 +1642,15 @@ gpuError_t launch_gemm_instance(const GemmProblem& p, int workers, gpuStream_t s
     // SM (ceil(blocks / SMs) blocks to an SM) instead, and the cluster launch is taken only
     // where every cluster of the grid is then resident at once: a second wave, or blocks
     // crowded onto fewer SMs, would cost more than the reduction saves (the plain launch).
-    const int64_t blocks = int64_t{grid.x} * grid.y;
     const ClusterShape shape =
         cluster_shape<C>(kernel, natural, p.sm_count, static_cast<int>(splits), blocks);
-    if (shape.clusters > 0 && static_cast<int64_t>(shape.clusters) * splits >= blocks) {
+    if (sum == SplitSum::kCluster ||
+        (shape.clusters > 0 && static_cast<int64_t>(shape.clusters) * splits >= blocks)) {
       cudaLaunchAttribute cluster = cluster_attribute(static_cast<int>(splits));
       const cudaLaunchConfig_t config =
           launch_config(grid, C::kBlockThreads, shape.smem, stream, &cluster);
-      if (cudaLaunchKernelEx(&config, kernel, p, group_div, maps, false) == gpuSuccess) {
-        return gpuSuccess;
-      }
+      const gpuError_t err = cudaLaunchKernelEx(&config, kernel, p, group_div, maps, false);
+      if (err == gpuSuccess || sum == SplitSum::kCluster) return err;
       (void)gpuGetLastError();  // refused: the launches below
     }
   }
@@ -1612,14 +1662,16 @@ gpuError_t launch_gemm_instance(const GemmProblem& p, int workers, gpuStream_t s
   // (2026-11-27, f16 uint4b8, group 128, split 8 of m16n256t, us): 28672x8192 M = 16 42.0 spread
   // against 45.5 last, M = 1 39.4 against 38.2; m64n256w split 4 at M = 64 69.6 against 73.7
   // (kernels/marlin/NOTES.md).
-  if (splits >= 2 && p.sm_count > 0 && (p.m < C::kBlockM ? p.m : C::kBlockM) > 8 &&
-      int64_t{grid.x} * grid.y <= static_cast<int64_t>(natural) * p.sm_count) {
+  const bool spread =
+      sum == SplitSum::kSpread || (sum == SplitSum::kAuto && splits >= 2 && p.sm_count > 0 &&
+                                   (p.m < C::kBlockM ? p.m : C::kBlockM) > 8 &&
+                                   blocks <= static_cast<int64_t>(natural) * p.sm_count);
+  if (spread) {
     cudaLaunchAttribute cooperative = cooperative_attribute();
     const cudaLaunchConfig_t config =
         launch_config(grid, C::kBlockThreads, C::kSmemAlloc, stream, &cooperative);
-    if (cudaLaunchKernelEx(&config, kernel, p, group_div, maps, true) == gpuSuccess) {
-      return gpuSuccess;
-    }
+    const gpuError_t err = cudaLaunchKernelEx(&config, kernel, p, group_div, maps, true);
+    if (err == gpuSuccess || sum == SplitSum::kSpread) return err;
     (void)gpuGetLastError();  // refused: the plain launch below
   }
   kernel<<<grid, C::kBlockThreads, C::kSmemAlloc, stream>>>(p, group_div, maps, false);

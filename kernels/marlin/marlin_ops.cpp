@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 
 #include "common/torch_binding.h"
 #if defined(APHRODITE_BACKEND_CPU) && APHRODITE_FAMILY_BUILT
@@ -109,10 +110,13 @@ at::Tensor awq_marlin_repack(const at::Tensor& b_q_weight, int64_t size_k, int64
 /// m16n256, m64n256k2, m128n256w or m16n256t: w for the sm_90a wgmma blocks, t for the sm_90a
 /// TMA-fed mma.sync block) with an optional ":<splits>" (k
 /// slices; without it the heuristic's split for that shape) or ":sk[<blocks>]" (stream-K over
-/// <blocks> blocks per row of blocks; without a number the blocks resident at once). Read on every
-/// call (a getenv), so a benchmark can sweep configurations in one process
+/// <blocks> blocks per row of blocks; without a number the blocks resident at once). A split may
+/// name how its tiles are summed, ":<splits>/cluster", "/spread" or "/last" (marlin::SplitSum):
+/// the call then raises where the launch cannot take that way, instead of taking another. Read
+/// on every call (a getenv), so a benchmark can sweep configurations in one process
 /// (benchmarks/bench_marlin.py --sweep). Every configuration computes the same result up to fp32
-/// summation order; an unknown or unbuilt shape raises.
+/// summation order, and the three sums of one split the same bits; an unknown or unbuilt shape
+/// raises.
 marlin::GemmPlan plan_for(const char* op, const marlin::GemmProblem& p) {
   const char* forced = std::getenv("APHRODITE_MARLIN_CONFIG");
   if (forced == nullptr || forced[0] == '\0') return marlin::plan_gemm(p);
@@ -146,21 +150,38 @@ marlin::GemmPlan plan_for(const char* op, const marlin::GemmProblem& p) {
     ok = std::sscanf(rest, ":%d%n", &splits, &used) == 1;
     rest += used;
   }
+  marlin::SplitSum sum = marlin::SplitSum::kAuto;
+  if (ok && !stream_k && *rest == '/') {
+    const std::string name(rest + 1);
+    if (name == "cluster") sum = marlin::SplitSum::kCluster;
+    if (name == "spread") sum = marlin::SplitSum::kSpread;
+    if (name == "last") sum = marlin::SplitSum::kLast;
+    ok = sum != marlin::SplitSum::kAuto;
+    rest += 1 + name.size();
+  }
   ok = ok && *rest == '\0';
   TORCH_CHECK(ok && rows > 0 && rows % 16 == 0 && cols > 0 && cols % 64 == 0, op,
               ": APHRODITE_MARLIN_CONFIG='", forced,
-              "' is not 'm<rows>n<cols>[k<k warps>][w|t][:<splits>|:sk[<blocks>]]' ",
-              "(e.g. m16n256:4, m64n256k2, m64n256:sk, m128n256w:sk, m16n256t:7)");
+              "' is not 'm<rows>n<cols>[k<k warps>][w|t][:<splits>[/cluster|/spread|/last]|"
+              ":sk[<blocks>]]' (e.g. m16n256:4, m64n256k2, m64n256:sk, m128n256w:sk, m16n256t:7, "
+              "m16n256t:8/spread)");
   const bool sm90a = engine != marlin::Engine::kMmaSync;
   TORCH_CHECK(!sm90a || p.arch == 90, op, ": APHRODITE_MARLIN_CONFIG='", forced,
               "' names an sm_90a block shape (wgmma or TMA-fed), which runs on sm_90 only (this "
               "device is sm_",
               p.arch, ")");
   const marlin::BlockShape shape{rows / 16, cols / 64, k_warps, engine};
-  const marlin::GemmPlan plan = stream_k ? marlin::plan_gemm_stream_k(p, shape, splits)
-                                         : marlin::plan_gemm_with(p, shape, splits);
+  marlin::GemmPlan plan = stream_k ? marlin::plan_gemm_stream_k(p, shape, splits)
+                                   : marlin::plan_gemm_with(p, shape, splits);
   TORCH_CHECK(plan.shape.m_tiles != 0, op, ": APHRODITE_MARLIN_CONFIG='", forced,
               "' names a block shape this build does not hold for these types");
+  TORCH_CHECK(sum == marlin::SplitSum::kAuto || plan.splits >= 2, op, ": APHRODITE_MARLIN_CONFIG='",
+              forced, "' names a split sum, but the plan has ", plan.splits,
+              " split (the problem has too few k slices)");
+  TORCH_CHECK(sum != marlin::SplitSum::kCluster || p.arch >= 90, op, ": APHRODITE_MARLIN_CONFIG='",
+              forced, "' sums in clusters, which run on sm_90 and newer (this device is sm_",
+              p.arch, ")");
+  plan.sum = sum;
   return plan;
 }
 #endif

@@ -3,6 +3,7 @@ layout (on every device the build serves, the CPU included); the GEMM (CUDA only
 fp32 reference a @ dequant(w), by norm-wise relative error."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -466,19 +467,21 @@ BLOCK_SHAPES = [  # codegen/marlin.py SHAPES
 ]
 
 
-def check_forced(device, monkeypatch, config, n, m):
+def check_forced(device, monkeypatch, config, n, m, weight_type="uint4", layer=None, a=None):
     """The op under APHRODITE_MARLIN_CONFIG=config at K = 1104 (17.25 slices of 64: a k tail),
-    group size 48 with zero points: exact, and the split-K counters left at zero."""
+    group size 48 (with zero points for uint4): exact, and the split-K counters left at zero."""
     require_cuda(device)
-    layer = make_layer(1104, n, torch.float16, "uint4", 48, False, device)
-    a = torch.randn(m, 1104, dtype=torch.float16, device=device)
+    if layer is None:
+        layer = make_layer(1104, n, torch.float16, weight_type, 48, False, device)
+    if a is None:
+        a = torch.randn(m, 1104, dtype=torch.float16, device=device)
     ws = marlin.make_workspace(device)
     monkeypatch.setenv("APHRODITE_MARLIN_CONFIG", config)
-    out = run_gemm(a, layer, "uint4", workspace=ws)
+    out = run_gemm(a, layer, weight_type, workspace=ws)
     assert torch.isfinite(out).all()
     assert rel_error(out, marlin.gemm_ref(a, layer["w_ref"])) < TOL[torch.float16]
     assert torch.count_nonzero(ws) == 0, "split-K counters must be left at zero"
-    return out, lambda: run_gemm(a, layer, "uint4", workspace=ws)
+    return out, lambda: run_gemm(a, layer, weight_type, workspace=ws)
 
 
 @pytest.mark.parametrize("shape", BLOCK_SHAPES)
@@ -503,6 +506,80 @@ def test_gemm_split_through_global_memory(device, monkeypatch, shape, n, m):
     # counters left at zero.
     out, again = check_forced(device, monkeypatch, f"{shape}:12", n, m)
     assert torch.equal(out, again()), "not deterministic"
+
+
+@pytest.mark.parametrize("shape", ["m16n256", "m16n256t", "m64n256w"])
+@pytest.mark.parametrize("weight_type", WEIGHT_TYPES)
+@pytest.mark.parametrize("m", [1, 33])
+def test_gemm_split_sums_agree(device, monkeypatch, shape, weight_type, m):
+    # Split 4 at N = 768 (3 column tiles: 12 blocks a row of blocks, in clusters of 4, all held
+    # at once): each of the three ways a split tile is summed, forced (the call raises where the
+    # launch would take another way), is exact and leaves the counters at zero, and, all three
+    # summing the slots in slot order, they give the same bits.
+    require_cuda(device)
+    layer = make_layer(1104, 768, torch.float16, weight_type, 48, False, device)
+    a = torch.randn(m, 1104, dtype=torch.float16, device=device)
+    sums = ["spread", "last"]
+    if torch.cuda.get_device_capability(device) >= (9, 0):
+        sums.append("cluster")
+    outs = {}
+    for how in sums:
+        outs[how], _ = check_forced(
+            device, monkeypatch, f"{shape}:4/{how}", 768, m, weight_type, layer, a
+        )
+    for how in sums[1:]:
+        assert torch.equal(outs[how], outs[sums[0]]), f"the {how} sum differs from the spread sum"
+
+
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        ("m16n256:4/everywhere", "is not 'm<rows>n<cols>"),
+        ("m16n256:sk/spread", "is not 'm<rows>n<cols>"),
+        ("m16n256:1/last", "names a split sum, but the plan has 1 split"),
+    ],
+)
+def test_gemm_split_sum_config_errors(device, monkeypatch, config, message):
+    require_cuda(device)
+    layer = make_layer(1104, 768, torch.float16, "uint4b8", 48, False, device)
+    a = torch.randn(5, 1104, dtype=torch.float16, device=device)
+    monkeypatch.setenv("APHRODITE_MARLIN_CONFIG", config)
+    with pytest.raises(RuntimeError, match=re.escape(message)):
+        run_gemm(a, layer, "uint4b8")
+
+
+@pytest.mark.parametrize("how", ["spread", "last"])
+def test_gemm_dirty_workspace_fails_loudly(device, how):
+    # A workspace whose counters are not zero (shared by GEMMs on two streams, or never zeroed)
+    # fails the GEMM (an illegal-address fault, marlin_gemm.cuh fail_launch), where it would
+    # otherwise sum tiles wrongly (the last block) or wait for ever (spread). In a child
+    # process: the fault leaves its CUDA context unusable.
+    require_cuda(device)
+    child = f"""
+import os, sys, torch
+sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})
+import test_marlin as t
+from aphrodite_ext.ops import marlin
+t.aphrodite_ext.load("_C")
+layer = t.make_layer(1104, 768, torch.float16, "uint4b8", 48, False, "cuda")
+a = torch.randn(33, 1104, dtype=torch.float16, device="cuda")
+ws = marlin.make_workspace("cuda")
+os.environ["APHRODITE_MARLIN_CONFIG"] = "m16n256:4/{how}"
+t.run_gemm(a, layer, "uint4b8", workspace=ws)
+torch.cuda.synchronize()
+print("clean workspace: ok", flush=True)
+ws.fill_(1)
+t.run_gemm(a, layer, "uint4b8", workspace=ws)
+torch.cuda.synchronize()
+print("dirty workspace: no error", flush=True)
+"""
+    proc = subprocess.run(
+        [sys.executable, "-c", child], capture_output=True, text=True, timeout=300
+    )
+    output = proc.stdout + proc.stderr
+    assert "clean workspace: ok" in output, output
+    assert proc.returncode != 0 and "dirty workspace: no error" not in output, output
+    assert "illegal memory access" in output, output
 
 
 STREAM_K_SHAPES = [
