@@ -273,34 +273,9 @@ __global__ void __launch_bounds__(kThreads)
     float m0 = -INFINITY, m1 = -INFINITY;  // running max (base 2, scaled) of rows r0, r0 + 8
     float l0 = 0.0f, l1 = 0.0f;            // this lane's share of the running sums
 
-    // XL: scale * matrix_bd of this lane's score elements in a step (rows r0 / r0 + 8, tokens
-    // c2, c2 + 1 of each 8-token tile; 0 past the rows or the range), read one step ahead:
-    // read where the step adds them, each step's softmax waited for their round trip to memory
-    // (an H200 ran xl_paged_attention_v1 at 0.74-0.77 of SDPA's rate, v1 at 0.94-0.96).
-    auto load_bd = [&](int it_step, float (&bd)[M::kNT][4]) {
-      const int tb_step = begin + (warp + kWarps * it_step) * M::kU;
-#pragma unroll
-      for (int n = 0; n < M::kNT; ++n) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int row = r0 + (e >= 2 ? 8 : 0);
-          const int j = tb_step + n * 8 + c2 + (e & 1);
-          bd[n][e] = xl && it_step < mine && row < ng && j < end
-                         ? p.scale * to_float(static_cast<const T*>(
-                                         p.matrix_bd)[s * p.bd_seq_stride +
-                                                      (head0 + row) * p.bd_head_stride + j])
-                         : 0.0f;
-        }
-      }
-    };
-    float bd[M::kNT][4];
-    load_bd(0, bd);
-
 #pragma unroll 1
     for (int it = 0; it < mine; ++it) {
       const int tb = begin + (warp + kWarps * it) * M::kU;  // the step's first token
-      float bd_next[M::kNT][4];
-      load_bd(it + 1, bd_next);
       // S = Q K^T.
       const T* ks = next_item();
       float sc[M::kNT][4];
@@ -333,7 +308,10 @@ __global__ void __launch_bounds__(kThreads)
             float b = 0.0f;
             if (p.alibi_slopes != nullptr)
               b = p.alibi_slopes[h] * static_cast<float>(j - seq_len + 1);
-            b += bd[n][e];  // XL (0 otherwise)
+            if (xl) {
+              b += p.scale * to_float(static_cast<const T*>(
+                                 p.matrix_bd)[s * p.bd_seq_stride + h * p.bd_head_stride + j]);
+            }
             v += b * kLog2e;
           }
           v = j < end ? v : -INFINITY;
@@ -403,10 +381,6 @@ __global__ void __launch_bounds__(kThreads)
           mma_16816<T>(acc[i], a, b0, b1);
         }
       }
-#pragma unroll
-      for (int n = 0; n < M::kNT; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) bd[n][e] = bd_next[n][e];
     }
     stage_wait<0>();  // only empty groups remain; nothing may be in flight into the next use
 
