@@ -119,9 +119,9 @@ struct GemmProblem {
   const void* bias;      ///< [N] activation dtype, or nullptr
   float* partials;       ///< split-K scratch [splits, M, N] fp32 (splits > 1 only)
   /// split-K tile counters, zero on entry, zero again on exit. Not to be shared by launches
-  /// that may run at the same time (another stream): a counter that is not zero on entry fails
-  /// the launch with an illegal-address fault (marlin_gemm.cuh fail_launch), which leaves the
-  /// CUDA context unusable, as any such fault does.
+  /// that may run at the same time (another stream). A counter found not zero on entry fails the
+  /// launch with an illegal-address fault (marlin_gemm.cuh fail_launch, which says which counts
+  /// it catches), which leaves the CUDA context unusable, as any such fault does.
   int32_t* counters;
   int64_t num_counters;  ///< capacity of counters
   int64_t m, n, k;
@@ -164,7 +164,8 @@ struct BlockShape {
 /// launch (cudaErrorNotSupported where it does not apply: no split, stream-K, or a cluster on
 /// a block shape or GPU without them; the runtime's error where it refuses the launch).
 /// - kCluster (sm_90): the tile's blocks run as one cluster and sum through their shared
-///   memory, each a share of the tile.
+///   memory, each a share of the tile. (A build without sm_90 code, run on sm_90 through PTX,
+///   launches the cluster, but its kernel sums through global memory as kLast.)
 /// - kSpread: the grid is launched cooperatively (every block resident at once); every block
 ///   stores its slot in global memory, waits for the tile's other blocks, and sums a share.
 /// - kLast: every block stores its slot; the last to arrive sums the whole tile.

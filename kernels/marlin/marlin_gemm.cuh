@@ -1384,6 +1384,14 @@ __global__ void __launch_bounds__(
     // sum wait for ever. `polls` then starts at the spread wait's bound, so that one check at
     // the end fails both (a fail_launch in the wait too made ptxas schedule the 32-row block's
     // main loop differently, and M = 32 8192 x 28672 ran 1.6% slower on an H200).
+    // What this catches: in the spread sum, any counter above zero (the tile's last block then
+    // counts past `contributors`); in the last-block sum, one at `contributors` or above. One
+    // left at a smaller positive count (a launch killed midway) makes an early block take itself
+    // for the last, reset the counter and sum the tile before every slot is written; the real
+    // last block fails the launch only if its count lands before that reset. A negative one
+    // fails the spread sum at the wait's bound and leaves the last-block sum's tile unsummed (an
+    // unsigned compare would catch it at once: not made yet, as it needs a GPU run to see that
+    // the main loops stay as they are).
     constexpr int kMaxPolls = 1 << 22;
     __shared__ int last_to_arrive;
     if (tid == 0) {
@@ -1394,10 +1402,10 @@ __global__ void __launch_bounds__(
         // it cooperatively; each block has this one segment): wait until every block of the
         // tile has stored its slot (the counter reaches `contributors`), then count the blocks
         // past that wait a second time; the last of them resets the counter for the next
-        // launch. The wait is bounded (a poll is an L2 round trip, ~0.5 us or more: kMaxPolls
-        // of them take seconds, where the tile's blocks arrive within microseconds of each
-        // other), so that a counter another launch reset under this one fails the launch
-        // instead of hanging it.
+        // launch. The wait is bounded (a poll is an L2 round trip and a sleep of up to 0.2 us:
+        // kMaxPolls of them take about a second or more, where the tile's blocks, all resident,
+        // arrive within microseconds of each other), so that a counter another launch reset
+        // under this one fails the launch instead of hanging it.
         while (polls < kMaxPolls && ld_acquire_gpu(counter) < contributors) {
           __nanosleep(100);
           ++polls;
@@ -1650,8 +1658,11 @@ gpuError_t launch_gemm_instance(const GemmProblem& p, int workers, SplitSum sum,
       const cudaLaunchConfig_t config =
           launch_config(grid, C::kBlockThreads, shape.smem, stream, &cluster);
       const gpuError_t err = cudaLaunchKernelEx(&config, kernel, p, group_div, maps, false);
-      if (err == gpuSuccess || sum == SplitSum::kCluster) return err;
-      (void)gpuGetLastError();  // refused: the launches below
+      if (err == gpuSuccess) return err;
+      // Refused: cleared (else the next launch check of any op would report it), then the
+      // launches below, or the error where the cluster sum was asked for.
+      (void)gpuGetLastError();
+      if (sum == SplitSum::kCluster) return err;
     }
   }
   // Other split-K grids sum through global memory. Where every block of the grid is resident at
@@ -1671,8 +1682,9 @@ gpuError_t launch_gemm_instance(const GemmProblem& p, int workers, SplitSum sum,
     const cudaLaunchConfig_t config =
         launch_config(grid, C::kBlockThreads, C::kSmemAlloc, stream, &cooperative);
     const gpuError_t err = cudaLaunchKernelEx(&config, kernel, p, group_div, maps, true);
-    if (err == gpuSuccess || sum == SplitSum::kSpread) return err;
-    (void)gpuGetLastError();  // refused: the plain launch below
+    if (err == gpuSuccess) return err;
+    (void)gpuGetLastError();  // refused: cleared; the plain launch below, or the error
+    if (sum == SplitSum::kSpread) return err;
   }
   kernel<<<grid, C::kBlockThreads, C::kSmemAlloc, stream>>>(p, group_div, maps, false);
   return gpuGetLastError();

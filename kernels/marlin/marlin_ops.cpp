@@ -121,7 +121,7 @@ marlin::GemmPlan plan_for(const char* op, const marlin::GemmProblem& p) {
   const char* forced = std::getenv("APHRODITE_MARLIN_CONFIG");
   if (forced == nullptr || forced[0] == '\0') return marlin::plan_gemm(p);
   int rows = 0, cols = 0, k_warps = 1, splits = 0, used = 0;
-  bool stream_k = false;
+  bool stream_k = false, has_splits = false;
   bool ok = std::sscanf(forced, "m%dn%d%n", &rows, &cols, &used) == 2;
   const char* rest = forced + used;
   if (ok && *rest == 'k') {
@@ -149,9 +149,10 @@ marlin::GemmPlan plan_for(const char* op, const marlin::GemmProblem& p) {
     used = 0;
     ok = std::sscanf(rest, ":%d%n", &splits, &used) == 1;
     rest += used;
+    has_splits = true;
   }
   marlin::SplitSum sum = marlin::SplitSum::kAuto;
-  if (ok && !stream_k && *rest == '/') {
+  if (ok && has_splits && *rest == '/') {  // a split sum follows a split only
     const std::string name(rest + 1);
     if (name == "cluster") sum = marlin::SplitSum::kCluster;
     if (name == "spread") sum = marlin::SplitSum::kSpread;

@@ -536,6 +536,7 @@ def test_gemm_split_sums_agree(device, monkeypatch, shape, weight_type, m):
     [
         ("m16n256:4/everywhere", "is not 'm<rows>n<cols>"),
         ("m16n256:sk/spread", "is not 'm<rows>n<cols>"),
+        ("m16n256/spread", "is not 'm<rows>n<cols>"),
         ("m16n256:1/last", "names a split sum, but the plan has 1 split"),
     ],
 )
@@ -550,7 +551,8 @@ def test_gemm_split_sum_config_errors(device, monkeypatch, config, message):
 
 @pytest.mark.parametrize("how", ["spread", "last"])
 def test_gemm_dirty_workspace_fails_loudly(device, how):
-    # A workspace whose counters are not zero (shared by GEMMs on two streams, or never zeroed)
+    # A workspace whose counters are not zero (shared by GEMMs on two streams, or never zeroed:
+    # here 2^20, at or above any tile's block count, which both sums catch at a block's arrival)
     # fails the GEMM (an illegal-address fault, marlin_gemm.cuh fail_launch), where it would
     # otherwise sum tiles wrongly (the last block) or wait for ever (spread). In a child
     # process: the fault leaves its CUDA context unusable.
@@ -561,14 +563,20 @@ sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})
 import test_marlin as t
 from aphrodite_ext.ops import marlin
 t.aphrodite_ext.load("_C")
-layer = t.make_layer(1104, 768, torch.float16, "uint4b8", 48, False, "cuda")
-a = torch.randn(33, 1104, dtype=torch.float16, device="cuda")
-ws = marlin.make_workspace("cuda")
-os.environ["APHRODITE_MARLIN_CONFIG"] = "m16n256:4/{how}"
-t.run_gemm(a, layer, "uint4b8", workspace=ws)
-torch.cuda.synchronize()
+try:
+    layer = t.make_layer(1104, 768, torch.float16, "uint4b8", 48, False, {device!r})
+    a = torch.randn(33, 1104, dtype=torch.float16, device={device!r})
+    ws = marlin.make_workspace({device!r})
+    os.environ["APHRODITE_MARLIN_CONFIG"] = "m16n256:4/{how}"
+    t.run_gemm(a, layer, "uint4b8", workspace=ws)
+    torch.cuda.synchronize()
+except BaseException as e:
+    if type(e).__name__ == "Skipped":  # what a narrowed build left out (run_gemm)
+        print("SKIP:", e, flush=True)
+        sys.exit(0)
+    raise
 print("clean workspace: ok", flush=True)
-ws.fill_(1)
+ws.fill_(1 << 20)
 t.run_gemm(a, layer, "uint4b8", workspace=ws)
 torch.cuda.synchronize()
 print("dirty workspace: no error", flush=True)
@@ -577,6 +585,8 @@ print("dirty workspace: no error", flush=True)
         [sys.executable, "-c", child], capture_output=True, text=True, timeout=300
     )
     output = proc.stdout + proc.stderr
+    if "SKIP:" in proc.stdout:
+        pytest.skip(proc.stdout.split("SKIP:", 1)[1].strip().splitlines()[0])
     assert "clean workspace: ok" in output, output
     assert proc.returncode != 0 and "dirty workspace: no error" not in output, output
     assert "illegal memory access" in output, output
