@@ -8,7 +8,9 @@ Options (APHRODITE_GENERATOR_OPTIONS="paged_attention.head_sizes=128;paged_atten
   dtypes       which query dtypes (default: all of DTYPES)
   block_sizes  which cache block sizes (default: all of BLOCK_SIZES)
   fp8          on/off: the fp8 E4M3 cache (default on; always off on rocm)
-  xl           on/off: the Transformer-XL ops (default on; a run-time path, no extra code)
+  xl           on/off: the Transformer-XL ops (default on; the staged and regs kernels run them
+               on a run-time path, the mma kernel as an instantiation of its own: one more
+               kernel per block size in each file)
   min_blocks   1..8: resident 128-thread blocks per SM the regs kernel is compiled for
                (__launch_bounds__; default 1 = no register cap, 3 caps at 168 registers, 4 at
                128); a tuning knob, so that builds can be measured against each other
@@ -141,6 +143,7 @@ def render(request: common.Request) -> dict[str, str]:
                 min_blocks=g.min_blocks,
                 staged=g.staged,
                 mma=g.mma,
+                xl=g.xl,
             )
     files["paged_attention_dispatch.cu"] = env.get_template(TEMPLATES[1]).render(
         banner=common.banner(Path(__file__), TEMPLATES[1]), grid=g

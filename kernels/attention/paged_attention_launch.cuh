@@ -15,6 +15,11 @@
 #undef APHRODITE_PAGED_ATTENTION_MMA
 #define APHRODITE_PAGED_ATTENTION_MMA 0
 #endif
+/// 1: the mma kernel's Transformer-XL instantiation is built (generator option
+/// paged_attention.xl=on, the default); the dispatch refuses the XL ops where it is not.
+#if !defined(APHRODITE_PAGED_ATTENTION_XL)
+#define APHRODITE_PAGED_ATTENTION_XL 0
+#endif
 
 namespace aphrodite::attention {
 #if APHRODITE_PAGED_ATTENTION_MMA
@@ -83,7 +88,10 @@ gpuError_t paged_attention_run(const PagedAttentionProblem& p,
   // same dtype, on sm_80+ and for partitions of whole steps; everything else runs staged.
   if constexpr (std::is_same_v<T, CacheT> && !std::is_same_v<T, float> && kHead % 16 == 0) {
     using M = detail::MmaShape<T, kHead, kBS>;
-    auto kernel = detail::paged_attention_mma_kernel<T, kHead, kBS>;
+    auto kernel = detail::paged_attention_mma_kernel<T, kHead, kBS, false>;
+#if APHRODITE_PAGED_ATTENTION_XL
+    if (p.pos_bias_u != nullptr) kernel = detail::paged_attention_mma_kernel<T, kHead, kBS, true>;
+#endif
     if (l.partition_size % M::kU == 0 && detail::mma_runs_here(kernel, M::kSmemBytes)) {
       return launch(kernel, detail::kMmaRows, M::kSmemBytes);
     }

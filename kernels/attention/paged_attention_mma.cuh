@@ -108,6 +108,16 @@ __device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4],
 #endif
 }
 
+/// The 16-bit T whose bits are the low half of `bits` (the high half is zero), as a float.
+template <typename T>
+__device__ __forceinline__ float bits_to_float(uint32_t bits) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    return __uint_as_float(bits << 16);
+  } else {
+    return __half2float(__ushort_as_half(static_cast<unsigned short>(bits)));
+  }
+}
+
 /// Two floats as a pair of T in one register (lo in the low half).
 template <typename T>
 __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
@@ -123,8 +133,11 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
 }
 
 /// One thread block: sequence blockIdx.z (+ k * gridDim.z), kv head blockIdx.x / num_splits,
-/// query heads [split * 16, ...) of its group, tokens of partition blockIdx.y.
-template <typename T, int kHead, int kBS>
+/// query heads [split * 16, ...) of its group, tokens of partition blockIdx.y. kXL: the
+/// Transformer-XL kernel (pos_bias_u and matrix_bd set, no ALiBi), a template of its own so
+/// that its bias read-ahead costs plain attention no registers (one kernel for both, with the
+/// read-ahead behind a run-time flag, ran plain v1 / v2 1-4% slower on an H200: NOTES.md).
+template <typename T, int kHead, int kBS, bool kXL>
 __global__ void __launch_bounds__(kThreads)
     paged_attention_mma_kernel(const PagedAttentionProblem p, const Launch l) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
@@ -134,6 +147,7 @@ __global__ void __launch_bounds__(kThreads)
   T* const ring_all = reinterpret_cast<T*>(smem_raw);
   float* const combine = reinterpret_cast<float*>(smem_raw);
   __shared__ alignas(16) T q_s[kMmaRows * M::kQStride];
+  __shared__ alignas(16) T u_s[kXL ? kMmaRows * M::kQStride : 8];  // XL: pos_bias_u's rows
   __shared__ float m_s[kWarps][kMmaRows], l_s[kWarps][kMmaRows];
   __shared__ float row_max[kMmaRows], row_sum[kMmaRows];  // over the warps
 
@@ -145,8 +159,7 @@ __global__ void __launch_bounds__(kThreads)
   const int split = static_cast<int>(blockIdx.x) % l.num_splits;
   const int head0 = kvh * group + split * kMmaRows;
   const int ng = cmin(kMmaRows, group - split * kMmaRows);  // heads of this block (>= 1)
-  const bool xl = p.pos_bias_u != nullptr;
-  const bool bias = xl || p.alibi_slopes != nullptr;
+  const bool alibi = !kXL && p.alibi_slopes != nullptr;
   const T* __restrict__ kc = static_cast<const T*>(p.key_cache);
   const T* __restrict__ vc = static_cast<const T*>(p.value_cache);
   T* const ring = ring_all + warp * M::kSlots * M::kSlotElems;
@@ -233,20 +246,24 @@ __global__ void __launch_bounds__(kThreads)
       cslot = cslot + 1 == M::kSlots ? 0 : cslot + 1;
       return slot;
     };
-    // q of the block's heads (rows past the group are zeros), where its rows are 16-byte
-    // aligned and there is no u to add (XL): copied into q_s as its own copy group ahead of the
-    // first K / V copies. Read after them, as the other cases are, it comes behind every block's
+    // q of the block's heads (rows past the group are zeros; XL: and u), where its rows are
+    // 16-byte aligned: copied into q_s (u into u_s) as its own copy group ahead of the first
+    // K / V copies. Read after them, as the other cases are, it comes behind every block's
     // first round of copies, and the first step waits for it (an H100, ctx 1024: ~9 us from the
     // block's start to its first step).
     const T* const q_seq = static_cast<const T*>(p.query) + s * p.q_seq_stride;
+    const T* const u_seq = kXL ? static_cast<const T*>(p.pos_bias_u) + s * p.u_seq_stride : nullptr;
     const bool q_async =
-        !xl && reinterpret_cast<uintptr_t>(q_seq) % 16 == 0 && p.q_head_stride % 8 == 0;
+        reinterpret_cast<uintptr_t>(q_seq) % 16 == 0 && p.q_head_stride % 8 == 0 &&
+        (!kXL || (reinterpret_cast<uintptr_t>(u_seq) % 16 == 0 && p.u_head_stride % 8 == 0));
     if (q_async) {
       for (int c = tid; c < kMmaRows * kHead / 8; c += kThreads) {
         const int g = c / (kHead / 8), d = c % (kHead / 8) * 8;
         T* const dst = q_s + g * M::kQStride + d;
         if (g < ng) {
           stage_copy16(dst, q_seq + (head0 + g) * p.q_head_stride + d);
+          if constexpr (kXL)
+            stage_copy16(u_s + g * M::kQStride + d, u_seq + (head0 + g) * p.u_head_stride + d);
         } else {
           *reinterpret_cast<uint4*>(dst) = make_uint4(0u, 0u, 0u, 0u);
         }
@@ -256,16 +273,60 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll 1
     for (int i = 0; i + 1 < M::kSlots; ++i) issue();
 
+    // XL: the bits of matrix_bd at this lane's score elements of the warp's step `step`, in
+    // pairs: bd[n][h] holds tokens c2 and c2 + 1 of tile n in row r0 + 8h (0 past the rows, the
+    // range or the warp's steps). Read one step ahead: read where the step adds them, every
+    // step's softmax waited for their round trip to memory (an H200 ran xl_paged_attention_v1
+    // at 0.74-0.77 of SDPA's rate, v1 at 0.94-0.96). The first step's are read here, behind the
+    // ring's first copies.
+    const uint16_t* const bd_seq =
+        kXL ? static_cast<const uint16_t*>(p.matrix_bd) + s * p.bd_seq_stride : nullptr;
+    auto load_bd = [&](int step, uint32_t (&raw)[M::kNT][4]) {
+      const int t0 = begin + (warp + kWarps * step) * M::kU;
+#pragma unroll
+      for (int n = 0; n < M::kNT; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int row = r0 + (e >= 2 ? 8 : 0);
+          const int j = t0 + n * 8 + c2 + (e & 1);
+          raw[n][e] = step < mine && row < ng && j < end
+                          ? bd_seq[(head0 + row) * p.bd_head_stride + j]
+                          : uint16_t{0};
+        }
+      }
+    };
+    // The loads' first use is the packing at the end of the step: anywhere earlier, the warp
+    // would wait for them there.
+    auto pack_bd = [](uint32_t (&bd)[M::kNT][2], const uint32_t (&raw)[M::kNT][4]) {
+#pragma unroll
+      for (int n = 0; n < M::kNT; ++n) {
+        bd[n][0] = raw[n][0] | raw[n][1] << 16;
+        bd[n][1] = raw[n][2] | raw[n][3] << 16;
+      }
+    };
+    uint32_t bd[M::kNT][2], bd_first[M::kNT][4];
+    if constexpr (kXL) load_bd(0, bd_first);  // packed once q_s is complete
+
     if (q_async) {
       stage_wait<M::kSlots - 1>();  // the q group (the K / V groups after it may be in flight)
-    } else {                        // q (+ u for XL) in the input dtype
+      if constexpr (kXL) {          // q + u, rounded once, from the chunks this thread copied
+        for (int c = tid; c < ng * kHead / 8; c += kThreads) {
+          const int i = c / (kHead / 8) * M::kQStride + c % (kHead / 8) * 8;
+#pragma unroll
+          for (int k = 0; k < 8; ++k) {
+            q_s[i + k] = from_float<T>(to_float(q_s[i + k]) + to_float(u_s[i + k]));
+          }
+        }
+      }
+    } else {  // q (+ u for XL) in the input dtype
       for (int i = tid; i < kMmaRows * kHead; i += kThreads) {
         const int g = i / kHead, d = i % kHead;
-        const float v = g < ng ? query_value<T>(p, s, head0 + g, d, xl) : 0.0f;
+        const float v = g < ng ? query_value<T>(p, s, head0 + g, d, kXL) : 0.0f;
         q_s[g * M::kQStride + d] = from_float<T>(v);
       }
     }
     __syncthreads();  // q_s is complete
+    if constexpr (kXL) pack_bd(bd, bd_first);
 
     float acc[M::kDT][4];
 #pragma unroll
@@ -276,6 +337,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll 1
     for (int it = 0; it < mine; ++it) {
       const int tb = begin + (warp + kWarps * it) * M::kU;  // the step's first token
+      uint32_t bd_next[M::kNT][4];
+      if constexpr (kXL) load_bd(it + 1, bd_next);
       // S = Q K^T.
       const T* ks = next_item();
       float sc[M::kNT][4];
@@ -303,15 +366,15 @@ __global__ void __launch_bounds__(kThreads)
           const int row = r0 + (e >= 2 ? 8 : 0);
           const int j = tb + n * 8 + c2 + (e & 1);  // token within the sequence
           float v = sc[n][e] * scale2;
-          if (bias && row < ng && j < end) {
-            const int64_t h = head0 + row;
+          if constexpr (kXL) {
+            const uint32_t pair = bd[n][e >> 1];
+            v = (sc[n][e] + bits_to_float<T>((e & 1) ? pair >> 16 : pair & 0xffffu)) * scale2;
+          } else if (alibi && row < ng && j < end) {
+            // The null check again: in this form ptxas spilled less at head size 256 (block 16:
+            // 96 / 220 bytes stored / loaded, against 120 / 268 without it; sm_90a).
             float b = 0.0f;
             if (p.alibi_slopes != nullptr)
-              b = p.alibi_slopes[h] * static_cast<float>(j - seq_len + 1);
-            if (xl) {
-              b += p.scale * to_float(static_cast<const T*>(
-                                 p.matrix_bd)[s * p.bd_seq_stride + h * p.bd_head_stride + j]);
-            }
+              b = p.alibi_slopes[head0 + row] * static_cast<float>(j - seq_len + 1);
             v += b * kLog2e;
           }
           v = j < end ? v : -INFINITY;
@@ -381,6 +444,7 @@ __global__ void __launch_bounds__(kThreads)
           mma_16816<T>(acc[i], a, b0, b1);
         }
       }
+      if constexpr (kXL) pack_bd(bd, bd_next);
     }
     stage_wait<0>();  // only empty groups remain; nothing may be in flight into the next use
 

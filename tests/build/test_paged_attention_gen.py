@@ -58,8 +58,20 @@ def test_options_narrow_the_grid(tmp_path):
     inst = (out / "paged_attention_bf16_h128.cu").read_text()
     assert inst.count("template gpuError_t paged_attention_run<") == 1
     assert "uint8_t" not in inst
+    assert "APHRODITE_PAGED_ATTENTION_XL" not in inst  # no XL instantiation of the mma kernel
     dispatch = (out / "paged_attention_dispatch.cu").read_text()
     assert "kXlBuilt = false" in dispatch and "head sizes 128; block sizes 16" in dispatch
+
+
+def test_xl_option_builds_the_mma_kernels_xl_instantiation(tmp_path):
+    xl = "#define APHRODITE_PAGED_ATTENTION_XL 1"
+    for options, built in (((), True), (("xl=on",), True), (("xl=off",), False)):
+        r = run_gen(tmp_path, "head_sizes=64", "dtypes=f16", *options, describe=False)
+        assert r.returncode == 0, r.stderr
+        inst = (tmp_path / "o" / "paged_attention_f16_h64.cu").read_text()
+        dispatch = (tmp_path / "o" / "paged_attention_dispatch.cu").read_text()
+        assert (xl in inst) == built, options
+        assert f"kXlBuilt = {'true' if built else 'false'}" in dispatch, options
 
 
 def test_rocm_leaves_out_fp8_and_bad_options_fail(tmp_path):

@@ -320,6 +320,25 @@ def test_xl(device, version, dtype):
     check(b.run_xl(u, bd, version), b.ref(pos_bias_u=u, matrix_bd=bd), dtype)
 
 
+@pytest.mark.parametrize("u_offset", [0, 1])
+@pytest.mark.parametrize("block_size", BLOCK_SIZES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_xl_groups_and_strides(device, dtype, block_size, u_offset):
+    # The tensor-core kernel's XL instantiation: a group of 17 query heads (two thread blocks
+    # of a kv head, the second with one row), head size 128, every block size; pos_bias_u and
+    # matrix_bd sliced out of wider tensors (u_offset 1: u's rows are not 16-byte aligned, so
+    # q + u is read without the asynchronous copy), over both versions.
+    seq_lens = [1, 47, 0, 1029, 16 * 4 * 3 + 5]
+    b = Batch(seq_lens, 34, 2, 128, block_size, dtype, device)
+    n = len(seq_lens)
+    u = torch.randn(n, 34, 128 + 8, device=device).to(dtype)[:, :, u_offset : u_offset + 128]
+    bd = torch.randn(n, 35, b.max_seq_len + 3, device=device).to(dtype)[:, 1:, 2:]
+    for s, length in enumerate(seq_lens):
+        bd[s, :, length:] = float("nan")  # a sequence reads only its first seq_len entries
+    for version in ("v1", "v2"):
+        check(b.run_xl(u, bd, version), b.ref(pos_bias_u=u, matrix_bd=bd), dtype)
+
+
 @pytest.mark.parametrize("dtype", list(TOL))
 def test_xl_scales_matrix_bd(device, dtype):
     # The score is scale * ((q + u) . k + matrix_bd), as in Transformer-XL: with u = 0 and
