@@ -28,8 +28,8 @@ namespace detail {
 /// Whether the current device can run `kernel` with `dynamic_smem` bytes of dynamic shared
 /// memory: compute capability 8.0 or newer (mma.sync bf16, ldmatrix, cp.async) and the kernel's
 /// static plus dynamic shared memory within the device's per-block opt-in limit (227 KiB on
-/// sm_90 and sm_100, 163 KiB on sm_80, 99 KiB on sm_86, sm_89 and sm_120, where the 96 KiB rings
-/// of head sizes 128 and up, and of block size 32, do not fit: those problems run staged).
+/// sm_90 and sm_100, 163 KiB on sm_80, 99 KiB on sm_86, sm_89 and sm_120, where head sizes 192
+/// and 256 at block size 32, about 103 and 137 KiB, do not fit: those problems run staged).
 template <typename Kernel>
 bool mma_runs_here(Kernel kernel, int dynamic_smem) {
   int dev = 0, major = 0, optin = 0;
@@ -88,11 +88,17 @@ gpuError_t paged_attention_run(const PagedAttentionProblem& p,
   // same dtype, on sm_80+ and for partitions of whole steps; everything else runs staged.
   if constexpr (std::is_same_v<T, CacheT> && !std::is_same_v<T, float> && kHead % 16 == 0) {
     using M = detail::MmaShape<T, kHead, kBS>;
+    // XL problems take the XL instantiation, which has no ALiBi term (the XL ops pass none):
+    // XL with ALiBi, and XL where paged_attention.xl=off left the instantiation out, run staged.
     auto kernel = detail::paged_attention_mma_kernel<T, kHead, kBS, false>;
+    bool serves = p.pos_bias_u == nullptr;
 #if APHRODITE_PAGED_ATTENTION_XL
-    if (p.pos_bias_u != nullptr) kernel = detail::paged_attention_mma_kernel<T, kHead, kBS, true>;
+    if (p.pos_bias_u != nullptr && p.alibi_slopes == nullptr) {
+      kernel = detail::paged_attention_mma_kernel<T, kHead, kBS, true>;
+      serves = true;
+    }
 #endif
-    if (l.partition_size % M::kU == 0 && detail::mma_runs_here(kernel, M::kSmemBytes)) {
+    if (serves && l.partition_size % M::kU == 0 && detail::mma_runs_here(kernel, M::kSmemBytes)) {
       return launch(kernel, detail::kMmaRows, M::kSmemBytes);
     }
   }

@@ -21,6 +21,9 @@
 //   as the A operand of O += P V (the value layout [head, block] is the B operand as stored).
 // - At the end the 4 warps' (max, sum, O) are combined through shared memory (reusing the ring)
 //   and written to `out` (v1, or a sequence that fits one partition) or v2's scratch.
+// - Transformer-XL (kXL, an instantiation of its own): u is copied beside q (u_s) and added to
+//   it once; each lane reads its matrix_bd elements of the next step while the current one
+//   runs, and first uses them at the current step's end.
 #pragma once
 
 #include <cstdint>
@@ -134,7 +137,8 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
 
 /// One thread block: sequence blockIdx.z (+ k * gridDim.z), kv head blockIdx.x / num_splits,
 /// query heads [split * 16, ...) of its group, tokens of partition blockIdx.y. kXL: the
-/// Transformer-XL kernel (pos_bias_u and matrix_bd set, no ALiBi), a template of its own so
+/// Transformer-XL kernel (pos_bias_u and matrix_bd set; it adds no ALiBi term, so the launcher
+/// sends XL problems with alibi_slopes to the staged kernel), a template of its own so
 /// that its bias read-ahead costs plain attention no registers (one kernel for both, with the
 /// read-ahead behind a run-time flag, ran plain v1 / v2 1-4% slower on an H200: NOTES.md).
 template <typename T, int kHead, int kBS, bool kXL>

@@ -71,6 +71,8 @@ def test_xl_option_builds_the_mma_kernels_xl_instantiation(tmp_path):
         inst = (tmp_path / "o" / "paged_attention_f16_h64.cu").read_text()
         dispatch = (tmp_path / "o" / "paged_attention_dispatch.cu").read_text()
         assert (xl in inst) == built, options
+        if built:  # defined before the launchers are included
+            assert inst.index(xl) < inst.index('#include "attention/paged_attention_launch.cuh"')
         assert f"kXlBuilt = {'true' if built else 'false'}" in dispatch, options
 
 

@@ -307,11 +307,12 @@ def test_every_sequence_empty(device, dtype):
     torch.testing.assert_close(out, zeros, atol=0, rtol=0)
 
 
+@pytest.mark.parametrize("head_size", HEAD_SIZES)
 @pytest.mark.parametrize("version", ["v1", "v2"])
 @pytest.mark.parametrize("dtype", list(TOL))
-def test_xl(device, version, dtype):
+def test_xl(device, version, dtype, head_size):
     seq_lens = [9, 1, 0, 700, 1300]
-    b = Batch(seq_lens, 8, 2, 64, 16, dtype, device)
+    b = Batch(seq_lens, 8, 2, head_size, 16, dtype, device)
     u = torch.randn_like(b.query)
     width = b.max_seq_len + 37  # wider than max_seq_len
     bd = torch.randn(len(seq_lens), 8, width, device=device).to(dtype)
