@@ -29,9 +29,11 @@ Options (APHRODITE_GENERATOR_OPTIONS="paged_attention.head_sizes=128;paged_atten
 Cost: the full grid is 21 files; with kernel=regs each held 18 kernels (3 block sizes x 2
 caches x 3 group tilings), and a clean -j2 build for 9.0a on the 2-core machine took 873 s of
 CPU for the whole project, most of it here. With kernel=mma (the default) a 16-bit file holds
-24: per block size the staged kernel's 6, the mma kernel and its XL instantiation. The staged kernel compiles about 4x faster (bf16, head size 256:
-12 s of nvcc CPU time against 52 s for regs, 9.0a, on that machine). CI can narrow it: "paged_attention.dtypes=bf16,f16;paged_attention.head_sizes=
-64,128,256" builds 6 of the 21 files.
+24: per block size the staged kernel's 6, the mma kernel and its XL instantiation. The staged
+kernel compiles about 4x faster than regs (bf16, head size 256: 12 s of nvcc CPU time against
+52 s, 9.0a, on that machine). CI can narrow the grid:
+"paged_attention.dtypes=bf16,f16;paged_attention.head_sizes=64,128,256" builds 6 of the 21
+files.
 """
 
 from __future__ import annotations
