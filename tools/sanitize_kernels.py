@@ -162,7 +162,8 @@ if _family_built("marlin"):
     # On sm_90 also the TMA-fed decode block (sm_90a builds): split in a cluster, split through
     # global memory (stream-K), and whole tiles, with zero points and one scale per channel; and
     # stream-K over 3 blocks (ranges that cross a tile boundary) with it and the 64-row wgmma
-    # block, whose producers run into a block's next tile while its consumers sum the last.
+    # block, whose producers run into a block's next tile while its consumers sum the last (the
+    # 64-row wgmma block's last-block sum keeps its slots in its accumulators' order).
     # 12 splits sum through global memory: at m = 16 every block a share of its tile (the grid
     # is resident at once), at m = 1 the last block to arrive; and each of the two forced at both
     # sizes ("/spread", "/last": marlin::SplitSum).
@@ -179,6 +180,7 @@ if _family_built("marlin"):
             ("m16n256t:7", torch.float16, "uint4b8", 128),
             ("m64n256w:4/cluster", torch.float16, "uint4b8", 128),
             ("m64n256w:4/spread", torch.bfloat16, "uint4", 32),
+            ("m64n256w:4/last", torch.float16, "uint4b8", 128),
             ("m16n256t:sk", torch.bfloat16, "uint4", 32),
             ("m16n256t:1", torch.float16, "uint4", -1),
             ("m16n256t:sk3", torch.float16, "uint4b8", 128),

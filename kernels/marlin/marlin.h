@@ -117,7 +117,7 @@ struct GemmProblem {
   const int32_t* zeros;  ///< [K / group_size, N / 8] nibble c of word j = column 8j + c
                          ///< (plain order, see awq_zeros_to_marlin), or nullptr
   const void* bias;      ///< [N] activation dtype, or nullptr
-  float* partials;       ///< split-K scratch [splits, M, N] fp32 (splits > 1 only)
+  float* partials;       ///< split-K scratch, GemmPlan::partial_floats fp32 (splits > 1 only)
   /// split-K tile counters, zero on entry, zero again on exit. Not to be shared by launches
   /// that may run at the same time (another stream). A counter found not zero on entry fails the
   /// launch with an illegal-address fault (marlin_gemm.cuh fail_launch, which says which counts

@@ -1237,28 +1237,32 @@ __global__ void __launch_bounds__(
       }
       *reinterpret_cast<T2*>(out + row * p.ldc + col) = Tr::float2_to(v0, v1);
     };
+    // A wgmma thread's accumulators after the exchange above, as float4s: float4 i (word h =
+    // i / (kBlockM / 8) of the warpgroup, 8-row group j = i % (kBlockM / 8)) is two pairs, of
+    // one row and columns s = 0, 1. fn(row, col, v0, v1) for those of quad v = floats 4i..4i+3
+    // that lie inside M (the columns are the caller's to bound).
+    auto wgmma_quad_pairs = [&](int i, const float* v, auto&& fn) {
+      const int h = i / (C::kBlockM / 8), j = i % (C::kBlockM / 8);
+      const int64_t row = m0 + 8 * j + 2 * t + (g & 1);
+      if (row >= p.m) return;
+#pragma unroll
+      for (int s = 0; s < 2; ++s) {
+        const int64_t col = n0 + warp_n * kTileN + 8 * (4 * warp_m + 2 * h + s) + (g & ~1);
+        fn(row, col, v[2 * s], v[2 * s + 1]);
+      }
+    };
     // fn(row, col, v0, v1) for the in-bounds accumulator pairs (v0, v1: the elements of acc) of
     // k group 0 (which holds the block's sums; the other groups' warps only wait at barriers).
     // N is a multiple of kTileN (the binding checks): a warp's 64 columns are all inside N or
     // all past it, so one test per warp (not one per pair) bounds the columns.
+    const bool warp_cols_in = n0 + warp_n * kTileN < p.n;
     auto for_each_pair = [&](auto&& fn) {
       if (kKWarps > 1 && warp_k != 0) return;
-      if (n0 + warp_n * kTileN >= p.n) return;
-      if constexpr (kWgmma) {  // the pairs after the exchange above
-        float* accf = &acc[0][0][0];
+      if (!warp_cols_in) return;
+      if constexpr (kWgmma) {
+        const float* accf = &acc[0][0][0];
 #pragma unroll
-        for (int h = 0; h < 2; ++h)
-#pragma unroll
-          for (int j = 0; j < C::kBlockM / 8; ++j) {
-            const int64_t row = m0 + 8 * j + 2 * t + (g & 1);
-            if (row >= p.m) continue;
-#pragma unroll
-            for (int s = 0; s < 2; ++s) {
-              const int64_t col = n0 + warp_n * kTileN + 8 * (4 * warp_m + 2 * h + s) + (g & ~1);
-              float* v = accf + h * (C::kBlockM / 2) + 4 * j + 2 * s;
-              fn(row, col, v[0], v[1]);
-            }
-          }
+        for (int i = 0; i < C::kBlockM / 4; ++i) wgmma_quad_pairs(i, accf + 4 * i, fn);
       } else {
 #pragma unroll
         for (int mi = 0; mi < kMTiles; ++mi)
@@ -1362,12 +1366,40 @@ __global__ void __launch_bounds__(
         continue;
       }
     }
+    // The 64-row wgmma block's slot, where the last block to arrive sums the tile, is its
+    // accumulators in their own order: float4 i of thread tid at frag_slot(z) + i * kThreads
+    // (GemmPlan::partial_floats sizes the slots by whole tiles), so that each warp stores and
+    // loads 512 contiguous bytes, and the last block adds the other slots to its accumulators
+    // in registers. In the tile's [M, N] order (which the spread sum keeps, where every block
+    // sums a share of the tile) a block took ~6 us to store its slot and the last one ~15 us to
+    // sum two (H200, stream-K at M = 64, 8192 x 28672; kernels/marlin/NOTES.md). The 128-row
+    // block keeps the [M, N] order: with the float4 stores ptxas rescheduled its main loop (200
+    // -> 207 instructions, a spill more in it).
     // (seg.slot is read where it is used: held in a register from here, it made ptxas spill in
     // the 128-row wgmma block's main loop.)
-    for_each_pair([&](int64_t row, int64_t col, float v0, float v1) {
-      *reinterpret_cast<float2*>(p.partials + (seg.slot * p.m + row) * p.n + col) =
-          make_float2(v0, v1);
-    });
+    constexpr int kFragVecs = C::kBlockM / 4;  // a wgmma thread's accumulators as float4s
+    constexpr bool kFragSlots = kWgmma && C::kBlockM == 64;
+    auto frag_slot = [&](int z) {
+      const int64_t tile = static_cast<int64_t>(z) * gridDim.y + blockIdx.y;
+      return reinterpret_cast<float4*>(p.partials) +
+             (tile * ((p.n + C::kBlockN - 1) / C::kBlockN) + seg.col_block) * kFragVecs *
+                 C::kThreads +
+             tid;
+    };
+    if (kFragSlots && !spread) {
+      const float* accf = &acc[0][0][0];
+      float4* const mine = frag_slot(seg.slot);
+#pragma unroll
+      for (int i = 0; i < kFragVecs; ++i) {
+        mine[i * C::kThreads] =
+            make_float4(accf[4 * i], accf[4 * i + 1], accf[4 * i + 2], accf[4 * i + 3]);
+      }
+    } else {
+      for_each_pair([&](int64_t row, int64_t col, float v0, float v1) {
+        *reinterpret_cast<float2*>(p.partials + (seg.slot * p.m + row) * p.n + col) =
+            make_float2(v0, v1);
+      });
+    }
     sync_consumers();  // every thread's slot is stored before thread 0 releases it below
     auto load_slot = [&](int z, int r, int c) {
       return __ldcg(reinterpret_cast<const float4*>(
@@ -1419,6 +1451,55 @@ __global__ void __launch_bounds__(
       if (polls >= kMaxPolls) fail_launch();
     }
     sync_consumers();
+    if (kFragSlots && !spread) {
+      if (!last_to_arrive) continue;
+      // The sum in slot order from zero, as sum_quads takes it (the same bits whichever way a
+      // tile is summed): the slots before this block's own into a prefix, which its
+      // accumulators then join (x + y == y + x), and the slots after it added on; kBatch
+      // float4s of loads in flight together. (Reading its own slot back too, so that the sum
+      // could start at slot 0, doubled the round trips: 6.3 us a 64-row tile on an H200.)
+      constexpr int kBatch = 8;
+      float* accf = &acc[0][0][0];
+      const int own = seg.slot;
+#pragma unroll
+      for (int i0 = 0; i0 < kFragVecs; i0 += kBatch) {
+        float4 prefix[kBatch];
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) prefix[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+        auto add_slot = [&](int z, float4(&into)[kBatch]) {
+          const float4* src = frag_slot(z) + i0 * C::kThreads;
+          float4 v[kBatch];
+#pragma unroll
+          for (int u = 0; u < kBatch; ++u) v[u] = __ldcg(src + u * C::kThreads);
+#pragma unroll
+          for (int u = 0; u < kBatch; ++u) {
+            into[u].x += v[u].x;
+            into[u].y += v[u].y;
+            into[u].z += v[u].z;
+            into[u].w += v[u].w;
+          }
+        };
+#pragma unroll 1
+        for (int z = 0; z < own; ++z) add_slot(z, prefix);
+        float4 sum[kBatch];
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) {
+          const float* a4 = accf + 4 * (i0 + u);
+          sum[u] = make_float4(prefix[u].x + a4[0], prefix[u].y + a4[1], prefix[u].z + a4[2],
+                               prefix[u].w + a4[3]);
+        }
+#pragma unroll 1
+        for (int z = own + 1; z < contributors; ++z) add_slot(z, sum);
+        if (warp_cols_in) {
+#pragma unroll
+          for (int u = 0; u < kBatch; ++u) {
+            const float q[4] = {sum[u].x, sum[u].y, sum[u].z, sum[u].w};
+            wgmma_quad_pairs(i0 + u, q, store);
+          }
+        }
+      }
+      continue;
+    }
     int first = tid, step = C::kThreads;
     if (spread) {
       // As in a cluster, block `slot` sums a 1/contributors share of the tile over every slot,
