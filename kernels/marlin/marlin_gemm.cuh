@@ -1410,7 +1410,8 @@ __global__ void __launch_bounds__(
                          seg.col_block;
     // Thread 0 raises the tile's counter (releasing the block's slot, acquiring the slots of the
     // blocks before it). Every launch leaves the counters at zero, so a count that reaches
-    // `contributors` before this block's arrival means a counter that was not zero at launch:
+    // `contributors` before this block's arrival, or is negative (the compare is unsigned),
+    // means a counter that was not zero at launch:
     // a workspace shared by launches that run at the same time, or never zeroed. That fails the
     // launch (fail_launch), where the last-block sum would sum the tile wrongly and the spread
     // sum wait for ever. `polls` then starts at the spread wait's bound, so that one check at
@@ -1421,14 +1422,14 @@ __global__ void __launch_bounds__(
     // left at a smaller positive count (a launch killed midway) makes an early block take itself
     // for the last, reset the counter and sum the tile before every slot is written; the real
     // last block fails the launch only if its count lands before that reset. A negative one
-    // fails the spread sum at the wait's bound and leaves the last-block sum's tile unsummed (an
-    // unsigned compare would catch it at once: not made yet, as it needs a GPU run to see that
-    // the main loops stay as they are).
+    // fails both at the first arrival (before the unsigned compare, it left the last-block sum's
+    // tile unsummed, and the spread sum failed at its wait's bound).
     constexpr int kMaxPolls = 1 << 22;
     __shared__ int last_to_arrive;
     if (tid == 0) {
       const int before = atom_add_acq_rel_gpu(counter, 1);
-      int polls = before >= contributors ? kMaxPolls : 0;
+      int polls =
+          static_cast<unsigned>(before) >= static_cast<unsigned>(contributors) ? kMaxPolls : 0;
       if (spread) {
         // Split-K with every block of the grid resident at once (launch_gemm_instance launched
         // it cooperatively; each block has this one segment): wait until every block of the
@@ -1456,8 +1457,8 @@ __global__ void __launch_bounds__(
       // The sum in slot order from zero, as sum_quads takes it (the same bits whichever way a
       // tile is summed): the slots before this block's own into a prefix, which its
       // accumulators then join (x + y == y + x), and the slots after it added on; kBatch
-      // float4s of loads in flight together. (Reading its own slot back too, so that the sum
-      // could start at slot 0, doubled the round trips: 6.3 us a 64-row tile on an H200.)
+      // float4s of loads in flight together: with two slots one round of loads a batch (reading
+      // its own slot back too took two).
       constexpr int kBatch = 8;
       float* accf = &acc[0][0][0];
       const int own = seg.slot;

@@ -549,13 +549,15 @@ def test_gemm_split_sum_config_errors(device, monkeypatch, config, message):
         run_gemm(a, layer, "uint4b8")
 
 
+@pytest.mark.parametrize("dirt", [1 << 20, -1])
 @pytest.mark.parametrize("how", ["spread", "last"])
-def test_gemm_dirty_workspace_fails_loudly(device, how):
+def test_gemm_dirty_workspace_fails_loudly(device, how, dirt):
     # A workspace whose counters are not zero (shared by GEMMs on two streams, or never zeroed:
-    # here 2^20, at or above any tile's block count, which both sums catch at a block's arrival)
-    # fails the GEMM (an illegal-address fault, marlin_gemm.cuh fail_launch), where it would
-    # otherwise sum tiles wrongly (the last block) or wait for ever (spread). In a child
-    # process: the fault leaves its CUDA context unusable.
+    # here 2^20, at or above any tile's block count, or -1; both sums catch either at a block's
+    # arrival, comparing counts as unsigned) fails the GEMM (an illegal-address fault,
+    # marlin_gemm.cuh fail_launch), where it would otherwise sum tiles wrongly or not at all
+    # (the last block) or wait for ever (spread). In a child process: the fault leaves its CUDA
+    # context unusable.
     require_cuda(device)
     child = f"""
 import os, sys, torch
@@ -576,7 +578,7 @@ except BaseException as e:
         sys.exit(0)
     raise
 print("clean workspace: ok", flush=True)
-ws.fill_(1 << 20)
+ws.fill_({dirt})
 t.run_gemm(a, layer, "uint4b8", workspace=ws)
 torch.cuda.synchronize()
 print("dirty workspace: no error", flush=True)
