@@ -50,9 +50,13 @@ fi
 if has sanitize; then
   san=""
   for tool in memcheck racecheck; do
-    if timeout "${SAN_TIMEOUT:-300}" compute-sanitizer --tool $tool --error-exitcode 9 \
-        python3 tools/sanitize_kernels.py \
-        > "$OUT/sanitizer_$tool.log" 2>&1; then san+="$tool clean; "
+    # memcheck without torch's caching allocator: each tensor is its own allocation, so that a
+    # kernel writing past one is caught (inside a cached block it would land in valid memory).
+    uncached=(); [ $tool = memcheck ] && uncached=(PYTORCH_NO_CUDA_MEMORY_CACHING=1)
+    t0=$(date +%s)
+    if env "${uncached[@]}" timeout "${SAN_TIMEOUT:-300}" \
+        compute-sanitizer --tool $tool --error-exitcode 9 python3 tools/sanitize_kernels.py \
+        > "$OUT/sanitizer_$tool.log" 2>&1; then san+="$tool clean ($(( $(date +%s) - t0 ))s); "
     else san+="$tool FAILED (see sanitizer_$tool.log); "; grep -m5 -B2 -A8 "=====" "$OUT/sanitizer_$tool.log" | head -40; fi
   done
   summary+=("sanitizer: $san")

@@ -93,7 +93,9 @@ int main() {
     cudaMalloc(&out, c.m * c.n * 2);
     cudaMalloc(&b, c.k * c.n / 2);
     cudaMalloc(&scales, c.k / 128 * c.n * 2);
-    cudaMalloc(&partials, int64_t{c.splits} * c.m * c.n * 4);
+    // Whole 128 x 256 tiles: enough for every block shape's slots (GemmPlan::partial_floats).
+    cudaMalloc(&partials,
+               int64_t{c.splits} * ((c.m + 127) / 128 * 128) * ((c.n + 255) / 256 * 256) * 4);
     cudaMalloc(&counters, 1 << 16);
     cudaMemset(a, 0x11, c.m * c.k * 2);
     cudaMemset(b, 0x5a, c.k * c.n / 2);

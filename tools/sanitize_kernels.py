@@ -189,6 +189,12 @@ if _family_built("marlin"):
     for config, dtype, weight_type, group in configs:
         os.environ["APHRODITE_MARLIN_CONFIG"] = config
         _marlin_gemm((1, 16), 4096, 512, dtype, weight_type, group, False)
+    if torch.cuda.get_device_capability() == (9, 0):
+        # The 64-row wgmma block's last-block sum over several rows of blocks and a partial
+        # column tile (its slots in its accumulators' order, whole tiles).
+        for config in ("m64n256w:4/last", "m64n256w:sk5"):
+            os.environ["APHRODITE_MARLIN_CONFIG"] = config
+            _marlin_gemm((130,), 1152, 704, torch.float16, "uint4b8", 128, False)
     del os.environ["APHRODITE_MARLIN_CONFIG"]
 
 

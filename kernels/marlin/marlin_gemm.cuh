@@ -372,7 +372,8 @@ struct PipeCursor {
 };
 
 /// The most blocks that share one of `col_blocks` column tiles of `num_stages` k slices under
-/// that partition: the fp32 partial slots (each M x N) a launch with `workers` blocks needs.
+/// that partition: the fp32 partial slots a launch with `workers` blocks needs (each M x N, or
+/// whole tiles for the 64-row wgmma block: GemmPlan::partial_floats).
 inline int64_t max_contributors(int64_t col_blocks, int64_t num_stages, int64_t workers) {
   const Partition part(static_cast<uint32_t>(col_blocks * num_stages),
                        static_cast<uint32_t>(workers));
@@ -1660,8 +1661,9 @@ int resident_clusters(int sms, int splits, int64_t blocks) {
 /// @brief Launches one instantiation on a grid of `workers` x (row blocks): the `workers` blocks of
 /// a row of blocks share its column tiles x k slices in equal contiguous ranges (gemm_kernel).
 /// workers = column tiles x splits is split-K; every tile whose k range several blocks share
-/// needs p.partials (max_contributors(...) x M x N floats) and a counter (of col tiles x row
-/// blocks) in p.counters. `sum`: how split tiles are summed (SplitSum; kAuto but in tests and
+/// needs p.partials (max_contributors(...) slots of M x N floats, or of whole tiles for the
+/// 64-row wgmma block: GemmPlan::partial_floats) and a counter (of col tiles x row blocks) in
+/// p.counters. `sum`: how split tiles are summed (SplitSum; kAuto but in tests and
 /// benchmarks).
 template <typename T, WeightType kWeight, bool kGrouped, int kMTiles, int kMWarps, int kNWarps,
           int kKWarps, Engine kEngine>

@@ -510,14 +510,15 @@ def test_gemm_split_through_global_memory(device, monkeypatch, shape, n, m):
 
 @pytest.mark.parametrize("shape", ["m16n256", "m16n256t", "m64n256w"])
 @pytest.mark.parametrize("weight_type", WEIGHT_TYPES)
-@pytest.mark.parametrize("m", [1, 33])
-def test_gemm_split_sums_agree(device, monkeypatch, shape, weight_type, m):
-    # Split 4 at N = 768 (3 column tiles: 12 blocks a row of blocks, in clusters of 4, all held
-    # at once): each of the three ways a split tile is summed, forced (the call raises where the
+@pytest.mark.parametrize("m, n", [(1, 768), (33, 768), (130, 704)])
+def test_gemm_split_sums_agree(device, monkeypatch, shape, weight_type, m, n):
+    # Split 4 at N = 768 or 704 (3 column tiles, the last of 704 partial: 12 blocks a row of
+    # blocks, in clusters of 4, all held at once; at M = 130 several rows of blocks, the last
+    # partial): each of the three ways a split tile is summed, forced (the call raises where the
     # launch would take another way), is exact and leaves the counters at zero, and, all three
     # summing the slots in slot order, they give the same bits.
     require_cuda(device)
-    layer = make_layer(1104, 768, torch.float16, weight_type, 48, False, device)
+    layer = make_layer(1104, n, torch.float16, weight_type, 48, False, device)
     a = torch.randn(m, 1104, dtype=torch.float16, device=device)
     sums = ["spread", "last"]
     if torch.cuda.get_device_capability(device) >= (9, 0):
@@ -525,7 +526,7 @@ def test_gemm_split_sums_agree(device, monkeypatch, shape, weight_type, m):
     outs = {}
     for how in sums:
         outs[how], _ = check_forced(
-            device, monkeypatch, f"{shape}:4/{how}", 768, m, weight_type, layer, a
+            device, monkeypatch, f"{shape}:4/{how}", n, m, weight_type, layer, a
         )
     for how in sums[1:]:
         assert torch.equal(outs[how], outs[sums[0]]), f"the {how} sum differs from the spread sum"
