@@ -396,6 +396,14 @@ constexpr int kWgmmaSmemBudget = 200 * 1024;
 /// The TMA-fed decode block (Engine::kMmaSyncTma) runs two to an SM: 8 slots of 12 KiB.
 constexpr int kTmaDecodeSmemBudget = 100 * 1024;
 
+/// Whether a block of `engine` with `block_rows` rows keeps its fp32 partial slots, where the last
+/// block to arrive sums a split tile, in its accumulators' own order (whole tiles: the 64-row
+/// wgmma block, gemm_kernel's epilogue) rather than in the tile's [M, N] order. The dispatch sizes
+/// the slots by it (GemmPlan::partial_floats).
+constexpr bool fragment_order_slots(Engine engine, int block_rows) {
+  return engine == Engine::kWgmma && block_rows == 64;
+}
+
 /// Compile-time facts of one instantiation. kWgmma (sm_90a): the block is kMWarps warpgroups
 /// (kMWarps = 2) of kNWarps = 4 warps that share all kBlockM rows; warpgroup r multiplies words
 /// 2r and 2r + 1 of every lane's weight vector (sub-tiles 4r..4r+3 of each warp's 64 columns)
@@ -464,6 +472,7 @@ struct Config {
   static_assert(kSmemBytes <= kBudget, "a block shape's pipeline must fit every target arch");
   static_assert(!kProducer || kStages >= 3, "a producer needs slots to run ahead");
   static constexpr bool kClusterReduce = kTileSumBytes <= kSmemBytes;
+  static constexpr bool kFragSlots = fragment_order_slots(kEngine, kBlockM);
   /// A producer block (kWgmma, kMmaSyncTma) has more threads than kThreads, the producer: one of
   /// its threads fills the pipeline (TMA: StageMaps), as far ahead of the consumers as kStages
   /// slots go, and hands each slot over through a pair of mbarriers (full: the stage's bytes have
@@ -1379,7 +1388,6 @@ __global__ void __launch_bounds__(
     // (seg.slot is read where it is used: held in a register from here, it made ptxas spill in
     // the 128-row wgmma block's main loop.)
     constexpr int kFragVecs = C::kBlockM / 4;  // a wgmma thread's accumulators as float4s
-    constexpr bool kFragSlots = kWgmma && C::kBlockM == 64;
     auto frag_slot = [&](int z) {
       const int64_t tile = static_cast<int64_t>(z) * gridDim.y + blockIdx.y;
       return reinterpret_cast<float4*>(p.partials) +
@@ -1387,7 +1395,7 @@ __global__ void __launch_bounds__(
                  C::kThreads +
              tid;
     };
-    if (kFragSlots && !spread) {
+    if (C::kFragSlots && !spread) {
       const float* accf = &acc[0][0][0];
       float4* const mine = frag_slot(seg.slot);
 #pragma unroll
@@ -1453,7 +1461,7 @@ __global__ void __launch_bounds__(
       if (polls >= kMaxPolls) fail_launch();
     }
     sync_consumers();
-    if (kFragSlots && !spread) {
+    if (C::kFragSlots && !spread) {
       if (!last_to_arrive) continue;
       // The sum in slot order from zero, as sum_quads takes it (the same bits whichever way a
       // tile is summed): the slots before this block's own into a prefix, which its
