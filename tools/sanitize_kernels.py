@@ -20,6 +20,9 @@ for dtype in (torch.float32, torch.bfloat16):
         h = x[:, :d].contiguous()
         torch.ops._C.rms_norm(out, h, w, 1e-6)
         torch.ops._C.fused_add_rms_norm(h, out, w, 1e-6)
+    # Thousands of rows of more than 512 vectors: rms_norm's two-pass kernel (partial last chunk).
+    h = torch.randn(4099, 4104, dtype=dtype, device=dev)
+    torch.ops._C.rms_norm(h, h, torch.randn(4104, dtype=dtype, device=dev), 1e-6)
 for experts, k in ((8, 2), (64, 8), (256, 8), (83, 5), (600, 4)):
     g = torch.randn(9, experts, device=dev)
     tw = torch.empty(9, k, device=dev)

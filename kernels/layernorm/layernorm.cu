@@ -2,7 +2,9 @@
 // Narrow rows share a block (a power-of-two lane group of at most a warp per row); wide rows get
 // a block each. Rows of up to 4096 vectors (rms_norm) or 2048 vectors (fused_add_rms_norm) of 16
 // bytes (one element on the scalar path) stay in registers between the sum-of-squares pass and
-// the output pass; wider rows are read twice. Every thread issues all of its loads for a row
+// the output pass; wider rows are read twice. Thousands of plain rms_norm rows of 513 to 2048
+// vectors (CUDA) are read twice as well, the second time from the caches, which the first read
+// asked to keep them (rms_norm_two_pass_kernel). Every thread issues all of its loads for a row
 // before it uses any of them. Torch-free.
 #include "layernorm/layernorm.h"
 
@@ -41,6 +43,14 @@ constexpr int64_t kPipelineMinBlocks = 8192;
 /// 512 threads x 2 vectors against 256 x 4 took 4.86 against 4.99 us at 16 rows and 5.27 against
 /// 5.41 at 64 (kernels/layernorm/NOTES.md).
 constexpr int64_t kFewRows = 128;
+/// Plain rms_norm on at least this many rows of more than kTwoPassThreads and at most
+/// kTwoPassThreads * kMaxTwoPassChunks 16-byte vectors takes rms_norm_two_pass_kernel (CUDA).
+/// H200, bf16 (same run as the kernel's figures): rows of 8192 at 1024 rows took 11.6 us against
+/// the row-in-registers kernel's 10.9 (4096 rows: 32.6 both), and rows of 4096 (512 vectors, one
+/// a thread) 38.3 against 33.1 at 8192 rows.
+constexpr int64_t kTwoPassMinRows = 4096;
+constexpr int kTwoPassThreads = 512;
+constexpr int kMaxTwoPassChunks = 4;
 /// The largest block of any kernel here (row_sum's bound on the warps of a row).
 constexpr int kMaxBlockThreads =
     kStreamThreads > kMaxCachedThreads ? kStreamThreads : kMaxCachedThreads;
@@ -267,6 +277,47 @@ __global__ void __launch_bounds__(kMaxCachedThreads, rms_min_blocks(kCache, kPip
   }
 }
 
+/// Plain rms_norm over many rows, a row a block, read twice: pass 1 loads the row (kChunks
+/// vectors a thread, all issued before any is used) asking L1 and L2 to keep the lines
+/// (CacheHint::kKeep) and sums the squares; pass 2 re-reads it from the caches as its last use
+/// (kLast), with the weights, and stores. Nothing of the row stays in registers across the
+/// reduction, so 4 blocks of 512 threads fill an SM (3 at four chunks). The loop shape and
+/// hints are those of torch.compile's kernel for this function; the L2 hint of pass 1 is the part
+/// that matters (kernels/layernorm/NOTES.md). Same H200 run against the row-in-registers kernels,
+/// us: bf16 8192 x 8192 63.5 against 64.5 (torch.compile 63.3), 16384 x 8192 124.5 against 143.3
+/// (124.5), 8192 x 5120 39.7 against 42.5 (44.3); fp32 8192 x 8192 125.5 against 128.1 (126.6). A
+/// row is rewritten in place safely: each thread stores only vectors it has read.
+template <typename T, int kVec, int kChunks>
+__global__ void __launch_bounds__(kTwoPassThreads, kChunks <= 2 ? 4 : 2)
+    rms_norm_two_pass_kernel(const NormArgs<T> a) {
+  using V = Vec<T, kVec>;
+  __shared__ float smem[32];
+  const int num_vecs = a.num_vecs;
+  const int tx = static_cast<int>(blockDim.x);
+  const int first = static_cast<int>(threadIdx.x);
+  const V* w = reinterpret_cast<const V*>(a.weight);
+  auto in_row = [&](int i) { return first + i * tx < num_vecs; };
+  const int64_t row = blockIdx.x;  // the grid covers the rows
+  const V* x = reinterpret_cast<const V*>(a.in + row * a.in_stride);
+  V v[kChunks];
+#pragma unroll
+  for (int i = 0; i < kChunks; ++i) {
+    v[i] = load_hinted<CacheHint::kKeep>(x + first + i * tx, in_row(i));
+  }
+  // Vectors past the row were loaded as zeros.
+  const float ss = sum_squares<T, kVec, kChunks>(v, [](int) { return true; });
+  const float inv_rms = rsqrtf(row_sum(ss, smem, false) * a.inv_hidden + a.epsilon);
+  V* o = reinterpret_cast<V*>(a.out + row * a.out_stride);
+#pragma unroll
+  for (int i = 0; i < kChunks; ++i) {
+    const int c = first + i * tx;
+    if (in_row(i)) {
+      const V wc = w[c];
+      o[c] = normalise(load_hinted<CacheHint::kLast>(x + c, true), wc, inv_rms);
+    }
+  }
+}
+
 /// fused_add_rms_norm with the row in registers (same layout as rms_norm_cached_kernel, one row
 /// per block row at a time): loads input and residual, stores the rounded sum to the residual,
 /// then writes the normalised rounded sum to the input. A thread holds its weights (the same
@@ -473,12 +524,37 @@ gpuError_t launch_kernel(const NormArgs<T>& a, int64_t tx, int64_t ty, gpuStream
   return gpuGetLastError();
 }
 
+/// rms_norm_two_pass_kernel for rows of kTwoPassThreads + 1 to kTwoPassThreads *
+/// kMaxTwoPassChunks vectors: two chunks a thread, or four, in as few threads as cover the row.
+template <typename T, int kVec>
+gpuError_t launch_two_pass(const NormArgs<T>& a, gpuStream_t stream) {
+  const int chunks = a.num_vecs <= 2 * kTwoPassThreads ? 2 : kMaxTwoPassChunks;
+  const int64_t tx =
+      ceil_div(ceil_div(int64_t{a.num_vecs}, chunks), kThreadQuantum) * kThreadQuantum;
+  const dim3 grid(static_cast<unsigned>(a.rows));
+  const dim3 block(static_cast<unsigned>(tx));
+  if (chunks == 2) {
+    rms_norm_two_pass_kernel<T, kVec, 2><<<grid, block, 0, stream>>>(a);
+  } else {
+    rms_norm_two_pass_kernel<T, kVec, kMaxTwoPassChunks><<<grid, block, 0, stream>>>(a);
+  }
+  return gpuGetLastError();
+}
+
 /// Picks the block shape and register cache for rows of hidden / kVec vectors and launches.
 template <typename T, int kVec, bool kFused>
 gpuError_t launch_shaped(NormArgs<T> a, gpuStream_t stream) {
   const int64_t num_vecs = a.hidden / kVec;
   a.num_vecs = static_cast<int>(num_vecs);
   a.inv_hidden = 1.0f / static_cast<float>(a.hidden);
+#if !defined(USE_ROCM)
+  if constexpr (!kFused && kVec * sizeof(T) == 16) {
+    if (a.rows >= kTwoPassMinRows && a.rows <= INT32_MAX && num_vecs > kTwoPassThreads &&
+        num_vecs <= int64_t{kTwoPassThreads} * kMaxTwoPassChunks) {
+      return launch_two_pass<T, kVec>(a, stream);
+    }
+  }
+#endif
   int64_t tx = 1;
   int64_t ty = 1;
   int cache = 0;

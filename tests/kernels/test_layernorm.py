@@ -39,6 +39,28 @@ def test_fused_add_rms_norm(device, dtype, shape):
     torch.testing.assert_close(x, ref_out, atol=TOL[dtype][0], rtol=TOL[dtype][1])
 
 
+# Thousands of rows of more than 512 16-byte vectors (CUDA: the two-pass kernel): two or four
+# chunks a thread, the last one partial (513 / 1026 vectors) or whole (1024 / 2048); rows read
+# from a wider tensor at a 16-byte offset, written to a strided output or in place.
+@pytest.mark.parametrize("dtype", list(TOL))
+@pytest.mark.parametrize("rows, hidden", [(4096, 4104), (4099, 8192)])
+@pytest.mark.parametrize("layout", ["contiguous", "strided", "in_place"])
+def test_rms_norm_many_rows(device, dtype, rows, hidden, layout):
+    pad = 16 // torch.empty((), dtype=dtype).element_size()
+    base = torch.randn(rows, hidden + 3 * pad, dtype=dtype, device=device) * 2 + 0.5
+    x = base[:, pad : pad + hidden] if layout == "strided" else base[:, :hidden].contiguous()
+    w = torch.randn(hidden, dtype=dtype, device=device)
+    eps = float(torch.empty(()).uniform_(1e-6, 1e-4))
+    ref = rms_norm_ref(x, w, eps)
+    if layout == "in_place":
+        out = x
+    else:
+        out = torch.full((rows, hidden + pad), float("nan"), dtype=dtype, device=device)
+        out = out[:, :hidden] if layout == "strided" else out[:, :hidden].contiguous()
+    torch.ops._C.rms_norm(out, x, w, eps)
+    torch.testing.assert_close(out, ref, atol=TOL[dtype][0], rtol=TOL[dtype][1])
+
+
 def test_strided_input(device):
     base = torch.randn(13, 1100, dtype=torch.bfloat16, device=device)
     x = base[:, 50 : 50 + 1027]
