@@ -42,11 +42,13 @@ enum class CacheHint {
 
 /// One 16-byte load of a V with a cache hint where `pred` holds, zeros where it does not: a
 /// predicated load, not a branch, so that code using the loaded value cannot be placed between
-/// it and the loads after it. On ROCm (and for other sizes) a plain load under `if`.
+/// it and the loads after it. Before sm_80 (no L2 cache policies), on ROCm and for other sizes a
+/// plain load under `if`.
 template <CacheHint kHint, typename V>
 __device__ __forceinline__ V load_hinted(const V* p, bool pred) {
-#if !defined(USE_ROCM)
+#if !defined(USE_ROCM) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   if constexpr (sizeof(V) == 16) {
+    static_assert(alignof(V) >= 16, "a .v4.u32 load needs 16-byte alignment");
     uint32_t r[4] = {0, 0, 0, 0};
     if constexpr (kHint == CacheHint::kKeep) {
       uint64_t policy;

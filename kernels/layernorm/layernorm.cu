@@ -2,10 +2,11 @@
 // Narrow rows share a block (a power-of-two lane group of at most a warp per row); wide rows get
 // a block each. Rows of up to 4096 vectors (rms_norm) or 2048 vectors (fused_add_rms_norm) of 16
 // bytes (one element on the scalar path) stay in registers between the sum-of-squares pass and
-// the output pass; wider rows are read twice. Thousands of plain rms_norm rows of 513 to 2048
-// vectors (CUDA) are read twice as well, the second time from the caches, which the first read
-// asked to keep them (rms_norm_two_pass_kernel). Every thread issues all of its loads for a row
-// before it uses any of them. Torch-free.
+// the output pass; wider rows are read twice. Plain rms_norm on 4096 rows or more of 513 to 2048
+// 16-byte vectors (CUDA) reads each row twice as well, the second time from the caches, which the
+// first read asked to keep it (rms_norm_two_pass_kernel). Every thread issues all of its loads
+// for a row (for a pass) before it uses any of them, but for that kernel's second pass, which
+// goes chunk by chunk. Torch-free.
 #include "layernorm/layernorm.h"
 
 #include <cstdint>
@@ -46,15 +47,16 @@ constexpr int64_t kFewRows = 128;
 /// Plain rms_norm on at least this many rows of more than kTwoPassThreads and at most
 /// kTwoPassThreads * kMaxTwoPassChunks 16-byte vectors takes rms_norm_two_pass_kernel (CUDA).
 /// H200, bf16 (same run as the kernel's figures): rows of 8192 at 1024 rows took 11.6 us against
-/// the row-in-registers kernel's 10.9 (4096 rows: 32.6 both), and rows of 4096 (512 vectors, one
-/// a thread) 38.3 against 33.1 at 8192 rows.
+/// the row-in-registers kernel's 10.9, at 4096 rows 32.6 both (the break-even, hence the bound);
+/// rows of 4096 (512 vectors, one a thread) 38.3 against 33.1 at 8192 rows. Rows of more than 2048
+/// vectors were not measured with it.
 constexpr int64_t kTwoPassMinRows = 4096;
 constexpr int kTwoPassThreads = 512;
 constexpr int kMaxTwoPassChunks = 4;
 /// The largest block of any kernel here (row_sum's bound on the warps of a row).
 constexpr int kMaxBlockThreads =
     kStreamThreads > kMaxCachedThreads ? kStreamThreads : kMaxCachedThreads;
-/// Grid limit; the kernels loop over rows beyond it.
+/// Grid limit; the kernels but rms_norm_two_pass_kernel (one row a block) loop over rows beyond it.
 constexpr int64_t kMaxGridX = int64_t{1} << 20;
 
 /// Both problems in one shape. Plain: out/in are the output and input. Fused: out == in is the
@@ -277,16 +279,17 @@ __global__ void __launch_bounds__(kMaxCachedThreads, rms_min_blocks(kCache, kPip
   }
 }
 
-/// Plain rms_norm over many rows, a row a block, read twice: pass 1 loads the row (kChunks
-/// vectors a thread, all issued before any is used) asking L1 and L2 to keep the lines
-/// (CacheHint::kKeep) and sums the squares; pass 2 re-reads it from the caches as its last use
-/// (kLast), with the weights, and stores. Nothing of the row stays in registers across the
-/// reduction, so 4 blocks of 512 threads fill an SM (3 at four chunks). The loop shape and
-/// hints are those of torch.compile's kernel for this function; the L2 hint of pass 1 is the part
-/// that matters (kernels/layernorm/NOTES.md). Same H200 run against the row-in-registers kernels,
-/// us: bf16 8192 x 8192 63.5 against 64.5 (torch.compile 63.3), 16384 x 8192 124.5 against 143.3
-/// (124.5), 8192 x 5120 39.7 against 42.5 (44.3); fp32 8192 x 8192 125.5 against 128.1 (126.6). A
-/// row is rewritten in place safely: each thread stores only vectors it has read.
+/// Plain rms_norm over many rows, a row a block, read twice: pass 1 loads the row (kChunks vectors
+/// a thread, all issued before any is used) asking L1 and L2 to keep the lines (CacheHint::kKeep)
+/// and sums the squares; pass 2 re-reads it from the caches as its last use (kLast), with the
+/// weights, and stores. Nothing of the row stays in registers across the reduction: on sm_90a 29-32
+/// registers at two chunks (four blocks of up to 512 threads an SM), 32-38 at four (three or four).
+/// The loop shape and hints are those of torch.compile's kernel for this function; the L2 hint of
+/// pass 1 is the part that matters (kernels/layernorm/NOTES.md). Same H200 run against the
+/// row-in-registers kernels, us: bf16 8192 x 8192 63.5 against 64.5 (torch.compile 63.3), 16384 x
+/// 8192 124.5 against 143.3 (124.5), 8192 x 5120 39.7 against 42.5 (44.3); fp32 8192 x 8192 125.5
+/// against 128.1 (126.6). A row is rewritten in place safely: each thread stores only vectors it
+/// has read.
 template <typename T, int kVec, int kChunks>
 __global__ void __launch_bounds__(kTwoPassThreads, kChunks <= 2 ? 4 : 2)
     rms_norm_two_pass_kernel(const NormArgs<T> a) {
@@ -307,6 +310,9 @@ __global__ void __launch_bounds__(kTwoPassThreads, kChunks <= 2 ? 4 : 2)
   // Vectors past the row were loaded as zeros.
   const float ss = sum_squares<T, kVec, kChunks>(v, [](int) { return true; });
   const float inv_rms = rsqrtf(row_sum(ss, smem, false) * a.inv_hidden + a.epsilon);
+  // Pass 2 chunk by chunk, as torch.compile's kernel: loading all of it before the first store
+  // (which the later loads could alias) took 48-56 registers at four chunks (two blocks an SM)
+  // and lost 0.6-2.5% (H200).
   V* o = reinterpret_cast<V*>(a.out + row * a.out_stride);
 #pragma unroll
   for (int i = 0; i < kChunks; ++i) {
