@@ -1,7 +1,8 @@
 """reshape_and_cache (paged layout) and reshape_and_cache_flash: bf16 keys and values of 8 kv
 heads x 128, sliced from a fused qkv projection (32 query heads), written into block-16 caches.
-Prefill tokens fill whole blocks taken in shuffled order; decode tokens (one per sequence) go to
-random slots of distinct blocks. The peer is the same scatter as advanced-index assignment."""
+Prefill tokens (the large size) fill whole blocks taken in shuffled order; decode tokens (the
+decode sizes, 64 included: one token per sequence) go to random slots of distinct blocks. The
+peer is the same scatter as advanced-index assignment."""
 
 import torch
 
@@ -23,9 +24,9 @@ def _flash_ref(key, value, key_cache, value_cache, slots):
     value_cache[blocks, offsets] = value
 
 
-def _slots(tokens, num_blocks, device):
+def _slots(tokens, num_blocks, device, decode):
     perm = torch.randperm(num_blocks)
-    if tokens < BLOCK_SIZE * 4:  # decode: one token per sequence
+    if decode:  # one token per sequence
         offsets = torch.randint(0, BLOCK_SIZE, (tokens,))
         return (perm[:tokens] * BLOCK_SIZE + offsets).to(device)
     t = torch.arange(tokens)
@@ -39,7 +40,7 @@ def cases(device, shape):
         qkv = torch.randn(tokens, (Q_HEADS + 2 * HEADS) * HEAD_SIZE, dtype=dtype, device=device)
         kv = qkv[:, Q_HEADS * HEAD_SIZE :].view(tokens, 2, HEADS, HEAD_SIZE)
         key, value = kv[:, 0], kv[:, 1]
-        slots = _slots(tokens, num_blocks, device)
+        slots = _slots(tokens, num_blocks, device, tokens in shape.decode)
         scale = torch.ones(1, device=device)
         nbytes = 4 * tokens * HEADS * HEAD_SIZE * qkv.element_size()
         kc = torch.zeros(

@@ -18,6 +18,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <initializer_list>
 #include <type_traits>
 #include <utility>
@@ -99,6 +100,16 @@ __device__ __forceinline__ Out to_cache(In x, float inv_scale) {
     return fp8::quantize(to_float(x), inv_scale);
 #endif
   }
+}
+
+/// The 16-bit element in the low half of `bits`, as In.
+template <typename In>
+__device__ __forceinline__ In element(uint32_t bits) {
+  static_assert(sizeof(In) == 2, "16-bit elements");
+  const uint16_t low = static_cast<uint16_t>(bits);
+  In e;
+  memcpy(&e, &low, sizeof(e));
+  return e;
 }
 
 /// The cache rows of a tile's tokens: token t of the tile goes to element
@@ -317,8 +328,8 @@ struct OneStepArgs {
   int key_cache_block_stride, key_cache_head_stride, key_cache_slot_stride;
   int value_cache_block_stride, value_cache_head_stride, value_cache_slot_stride;
   /// Multipliers of three FastDivs (kKeyDiv: key pieces of a row; kValueDiv: the value walk's,
-  /// flash value pieces of a row, paged the last tile's tokens; kBlockDiv: block_size), and
-  /// their shifts a byte each.
+  /// flash value pieces of a row, kValueRows a token group's warps, else the last tile's tokens;
+  /// kBlockDiv: block_size), and their shifts a byte each; the fourth byte is kValueRows' log2 G.
   uint32_t muls[3], shifts;
   const float* k_scale;  ///< fp8 caches
   const float* v_scale;
@@ -348,8 +359,18 @@ __device__ __forceinline__ int slot_row32(int64_t slot, int num_slots, const Fas
 /// most one key and one value item: no loop) and every element offset fits an int. Grid and
 /// pieces as reshape_and_cache_kernel's. A thread issues its loads (inputs and both slots)
 /// before anything waits for them: one memory round trip, then the stores.
-template <typename In, typename Out, bool kFlash, bool kVec, bool kFineValues>
+/// kValueRows (kFineValues, where a row's 4-byte value pieces are a multiple of the warp size):
+/// a warp takes 32 / G tokens x G consecutive pieces (2G elements) of each (G = 32 >> shifts'
+/// fourth byte, lanes of one token adjacent); two shuffles within each token's G lanes hand lane
+/// p elements p and G + p of them. Each of the warp's two value stores then writes G consecutive
+/// elements (block_size apart) of each of its tokens: with G = 4 (8 tokens a warp, the tiles of 8
+/// or more tokens) one 128-byte cache line a token where the tokens' slots are scattered (decode),
+/// one line in all where they are consecutive (prefill). Token-fastest, a warp's store reaches one
+/// or two elements in each of 16-32 lines where the slots are scattered.
+template <typename In, typename Out, bool kFlash, bool kVec, bool kFineValues, bool kValueRows>
 __global__ void __launch_bounds__(kThreads) reshape_and_cache_one_step_kernel(const OneStepArgs a) {
+  static_assert(!kValueRows || (kFineValues && sizeof(In) == 2),
+                "value rows move 16-bit values in 4-byte pieces");
   using P = Pieces<In, Out, kFlash, kVec, kFineValues>;
   constexpr int kX = P::kX, kCh = P::kCh, kVe = P::kVe;
   const int t0 = static_cast<int>(blockIdx.x) * kTileTokens;
@@ -359,12 +380,21 @@ __global__ void __launch_bounds__(kThreads) reshape_and_cache_one_step_kernel(co
   const int key_n = a.head_size / kCh;
   const int value_n = a.head_size / kVe;
   const int i = static_cast<int>(blockIdx.z * blockDim.x + threadIdx.x);
-  // Keys chunk-fastest; values chunk-fastest (flash) or token-fastest (paged: a warp's stores of
-  // one element index land on consecutive tokens' slots).
+  // Keys chunk-fastest; values chunk-fastest (flash), in token groups (kValueRows) or
+  // token-fastest (paged: a warp's stores of one element index land on consecutive tokens'
+  // slots).
   const int kt = static_cast<int>(a.div(OneStepArgs::kKeyDiv).div(static_cast<uint32_t>(i)));
   const int kc = i - kt * key_n;
   int vt, vc;
-  if constexpr (kFlash) {
+  if constexpr (kValueRows) {
+    // Warp w: token group w / d_blocks, piece group w % d_blocks (kValueDiv: d_blocks).
+    const int log_g = static_cast<int>(a.shifts >> 24);
+    const int w = i >> 5, lane = i & 31;
+    const int tg = static_cast<int>(a.div(OneStepArgs::kValueDiv).div(static_cast<uint32_t>(w)));
+    const int db = w - tg * (value_n >> log_g);
+    vt = (tg << (5 - log_g)) + (lane >> log_g);
+    vc = (db << log_g) + (lane & ((1 << log_g) - 1));
+  } else if constexpr (kFlash) {
     vt = static_cast<int>(a.div(OneStepArgs::kValueDiv).div(static_cast<uint32_t>(i)));
     vc = i - vt * value_n;
   } else {
@@ -374,7 +404,7 @@ __global__ void __launch_bounds__(kThreads) reshape_and_cache_one_step_kernel(co
              : static_cast<int>(a.div(OneStepArgs::kValueDiv).div(static_cast<uint32_t>(i)));
     vt = i - vc * tile;
   }
-  const bool has_key = kt < tile, has_value = kFlash ? vt < tile : vc < value_n;
+  const bool has_key = kt < tile, has_value = (kFlash || kValueRows) ? vt < tile : vc < value_n;
   const int kt_in = has_key ? kt : 0, vt_in = has_value ? vt : 0;
   Chunk<In, kCh> k_in;
   Chunk<In, kVe> v_in;
@@ -410,7 +440,25 @@ __global__ void __launch_bounds__(kThreads) reshape_and_cache_one_step_kernel(co
                                     (h * a.key_cache_head_stride + k_row + kc * key_chunk_stride),
                                 to_cache_chunk<Out>(k_in, inv_k));
   }
-  if (v_row >= 0) {
+  if constexpr (kValueRows) {
+    // Every lane shuffles (a token's G lanes are all inside the tile or all past it): lane p of
+    // a token's G gets elements p and G + p of the token's 2G, held as pairs by lanes p / 2 and
+    // G / 2 + p / 2.
+    const int log_g = static_cast<int>(a.shifts >> 24);
+    const int g = 1 << log_g;
+    const int p = static_cast<int>(threadIdx.x) & (g - 1);
+    const uint32_t pair = *reinterpret_cast<const uint32_t*>(v_in.v);
+    const uint32_t first = __shfl_sync(0xffffffffu, pair, p >> 1, g);
+    const uint32_t second = __shfl_sync(0xffffffffu, pair, (g >> 1) + (p >> 1), g);
+    if (v_row >= 0) {
+      const int shift = (p & 1) * 16;
+      // The token's 2G elements start at its first lane's piece.
+      Out* d = static_cast<Out*>(a.value_cache) +
+               (h * a.value_cache_head_stride + v_row + ((vc - p) * 2 + p) * bs);
+      d[0] = to_cache<Out>(element<In>(first >> shift), inv_v);
+      d[g * bs] = to_cache<Out>(element<In>(second >> shift), inv_v);
+    }
+  } else if (v_row >= 0) {
     Out* value_cache = static_cast<Out*>(a.value_cache) + (h * a.value_cache_head_stride + v_row);
     if constexpr (kFlash) {
       store_chunk<Out, kCh, kVec>(value_cache + vc * kCh, to_cache_chunk<Out>(v_in, inv_v));
@@ -478,10 +526,18 @@ gpuError_t launch_reshape_typed(const ReshapeAndCacheProblem& p, gpuStream_t str
   // Small paged problems with 16-bit inputs also read values in 4-byte pieces (kFineValues).
   const bool fine = small && !flash && vec && in_size == 2;
   const int64_t tile = p.num_tokens < kTileTokens ? p.num_tokens : kTileTokens;  // the largest
+  // Fine values whose rows are whole warps of 4-byte pieces go by token groups (kValueRows):
+  // group_tokens a warp (8, or the tile's count up to a power of two), G = 32 / group_tokens
+  // lanes a token; the values' items are then the tile's tokens rounded up to whole groups.
+  const bool value_rows = fine && (p.head_size / 2) % 32 == 0;
+  int64_t group_tokens = 1;
+  while (group_tokens < 8 && group_tokens < tile) group_tokens *= 2;
+  const int64_t value_tokens =
+      value_rows ? (tile + group_tokens - 1) / group_tokens * group_tokens : tile;
   int64_t threads = kThreads, parts = 1;
   if (small) {
     threads = kDecodeThreads;
-    const int64_t items = tile * p.head_size / (fine ? 2 : 8);  // pieces of 16-bit rows
+    const int64_t items = value_tokens * p.head_size / (fine ? 2 : 8);  // pieces of 16-bit rows
     parts = (items + kDecodeThreads - 1) / kDecodeThreads;
     if (parts > kMaxGridY) parts = kMaxGridY;
     if (parts < 1) parts = 1;
@@ -510,9 +566,15 @@ gpuError_t launch_reshape_typed(const ReshapeAndCacheProblem& p, gpuStream_t str
   // One item a thread (the parts' threads cover a tile's pieces) and 32-bit offsets: the
   // one-step kernel.
   const int64_t tile_items =
-      tile * (p.head_size / (key_piece < value_piece ? key_piece : value_piece));
+      value_tokens * (p.head_size / (key_piece < value_piece ? key_piece : value_piece));
   if (parts * threads >= tile_items && p.block_size <= INT32_MAX && reshape_offsets_fit_int(p)) {
-    const FastDiv value_div = div_by(flash ? p.head_size / value_piece : last_tile);
+    int log_g = 0;  // kValueRows: log2(G), G = 32 / group_tokens lanes a token
+    while ((int64_t{32} >> log_g) > group_tokens) ++log_g;
+    // kValueDiv: flash a row's value pieces, kValueRows the warps of a token group (a row's
+    // pieces / G), else the last tile's tokens.
+    const FastDiv value_div = div_by(flash        ? p.head_size / value_piece
+                                     : value_rows ? p.head_size / value_piece >> log_g
+                                                  : last_tile);
     const FastDiv block_div = div_by(p.block_size);
     auto i32 = [](int64_t v) { return static_cast<int>(v); };
     const OneStepArgs a{p.key,
@@ -535,12 +597,22 @@ gpuError_t launch_reshape_typed(const ReshapeAndCacheProblem& p, gpuStream_t str
                         i32(p.value_cache_head_stride),
                         i32(p.value_cache_slot_stride),
                         {key_div.mul, value_div.mul, block_div.mul},
-                        key_div.shift | value_div.shift << 8 | block_div.shift << 16,
+                        key_div.shift | value_div.shift << 8 | block_div.shift << 16 |
+                            static_cast<uint32_t>(log_g) << 24,
                         p.k_scale,
                         p.v_scale};
     with_flags([&](auto flash_, auto vec_, auto fine_) {
-      reshape_and_cache_one_step_kernel<In, Out, decltype(flash_)::value, decltype(vec_)::value,
-                                        decltype(fine_)::value><<<grid, block, 0, stream>>>(a);
+      constexpr bool kFine = decltype(fine_)::value;
+      auto launch = [&](auto rows_) {
+        reshape_and_cache_one_step_kernel<In, Out, decltype(flash_)::value, decltype(vec_)::value,
+                                          kFine, decltype(rows_)::value>
+            <<<grid, block, 0, stream>>>(a);
+      };
+      if constexpr (kFine) {
+        value_rows ? launch(std::true_type{}) : launch(std::false_type{});
+      } else {
+        launch(std::false_type{});
+      }
     });
   } else {
     const WalkDivs divs{key_div, div_by(p.head_size / value_piece), div_by(kTileTokens),

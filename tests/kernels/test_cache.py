@@ -150,6 +150,21 @@ def test_reshape_and_cache(device, dtype, block_size, head_size, tokens):
     run_and_check(device, dtype, block_size, head_size, tokens, False, pattern)
 
 
+@pytest.mark.parametrize("pattern", ["random", "consecutive"])
+@pytest.mark.parametrize("tokens", [1, 2, 3, 5, 8, 9, 17, 31, 33, 64, 100])
+@pytest.mark.parametrize("head_size", [64, 128, 192])
+def test_reshape_and_cache_decode_groups(device, head_size, tokens, pattern):
+    # Decode sizes with 16-bit values (the GPU takes the values in token groups of up to 8, a
+    # row's pieces shuffled within each token's lanes): group sizes 1..8, a last tile and a last
+    # group part empty, rows of 2, 4 and 6 warps' pieces (192: no power of two), padding slots;
+    # fp16 into an fp8 cache at three of the sizes.
+    run_and_check(device, torch.bfloat16, 16, head_size, tokens, False, pattern)
+    if tokens in (3, 17, 64):
+        run_and_check(
+            device, torch.float16, 16, head_size, tokens, False, pattern, torch.uint8, "fp8"
+        )
+
+
 @pytest.mark.parametrize("head_size", [64, 80])
 @pytest.mark.parametrize("block_size", [8, 16, 128])
 @pytest.mark.parametrize("dtype", DTYPES)
