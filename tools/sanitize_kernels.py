@@ -71,12 +71,13 @@ for dtype, cache_dtype in (
             pos[tokens // 2] = 17
             torch.ops._C.rotary_embedding(pos, q, k, head_size, cache, is_neox)
             torch.ops._C.rotary_embedding(pos.int(), q, None, head_size, cache, is_neox)
-# KV cache: both layouts, auto and fp8 caches, vector and element-wise (misaligned) paths,
-# decode token groups (1 token: one token a warp; 17 and 5: 8 a warp, the last group part empty;
-# head 192: 96 value pieces a row, no power of two), padding slots; copy_blocks over two layers; swap_blocks both ways.
+# KV cache: both layouts, auto and fp8 caches, vector (offset 0: rows 16-byte aligned) and
+# element-wise (offset 1) paths; the bf16 decode token groups (1 token: one a warp; 17 and 5: 8 a
+# warp, the last group part empty; head 192: 96 value pieces a row), padding slots; copy_blocks
+# over two layers; swap_blocks both ways.
 for dtype in (torch.float32, torch.bfloat16):
     for heads, head_size, tokens in ((3, 80, 37), (1, 64, 1), (2, 128, 17), (1, 192, 5)):
-        base = torch.randn(tokens, 2 * heads * head_size + 1, dtype=dtype, device=dev)
+        base = torch.randn(tokens, 2 * heads * head_size + 8, dtype=dtype, device=dev)
         for off in (0, 1):
             kv = base[:, off : off + 2 * heads * head_size].view(tokens, 2, heads, head_size)
             k, v = kv[:, 0], kv[:, 1]

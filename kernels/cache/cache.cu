@@ -6,7 +6,9 @@
 //     input rows and writes whole sectors (paged keys of two neighbouring slots are adjacent);
 //   - paged values, whose elements sit block_size apart in the cache, with the token index
 //     fastest: each lane reads a 16-byte piece of one token's row and stores its elements one
-//     by one, so that a warp's stores of one element index land on consecutive slots.
+//     by one, so that a warp's stores of one element index land on consecutive slots; at
+//     decode sizes (16-bit inputs) in token groups instead, a warp on up to 8 tokens x a few
+//     consecutive head elements each (reshape_and_cache_one_step_kernel, kValueRows).
 // A thread takes a key item and a value item per step and loads both inputs and their slots
 // before storing (no shared memory, no barrier: at decode sizes the kernel is one round of
 // loads and a store); power-of-two block sizes split slots with a shift. Where a thread has at
@@ -360,13 +362,14 @@ __device__ __forceinline__ int slot_row32(int64_t slot, int num_slots, const Fas
 /// pieces as reshape_and_cache_kernel's. A thread issues its loads (inputs and both slots)
 /// before anything waits for them: one memory round trip, then the stores.
 /// kValueRows (kFineValues, where a row's 4-byte value pieces are a multiple of the warp size):
-/// a warp takes 32 / G tokens x G consecutive pieces (2G elements) of each (G = 32 >> shifts'
+/// a warp takes 32 / G tokens x G consecutive pieces (2G elements) of each (G = 1 << shifts'
 /// fourth byte, lanes of one token adjacent); two shuffles within each token's G lanes hand lane
 /// p elements p and G + p of them. Each of the warp's two value stores then writes G consecutive
-/// elements (block_size apart) of each of its tokens: with G = 4 (8 tokens a warp, the tiles of 8
-/// or more tokens) one 128-byte cache line a token where the tokens' slots are scattered (decode),
-/// one line in all where they are consecutive (prefill). Token-fastest, a warp's store reaches one
-/// or two elements in each of 16-32 lines where the slots are scattered.
+/// elements (block_size apart) of each of its tokens. With G = 4 (8 tokens a warp, the tiles of
+/// 8 or more tokens), block_size 16 and a 16-bit cache: one 128-byte line a token where the
+/// tokens' slots are scattered (decode), one line for 8 consecutive slots of one block
+/// (prefill). Token-fastest, a warp's store reaches one or two elements in each of 16-32 lines
+/// where the slots are scattered.
 template <typename In, typename Out, bool kFlash, bool kVec, bool kFineValues, bool kValueRows>
 __global__ void __launch_bounds__(kThreads) reshape_and_cache_one_step_kernel(const OneStepArgs a) {
   static_assert(!kValueRows || (kFineValues && sizeof(In) == 2),
@@ -448,8 +451,8 @@ __global__ void __launch_bounds__(kThreads) reshape_and_cache_one_step_kernel(co
     const int g = 1 << log_g;
     const int p = static_cast<int>(threadIdx.x) & (g - 1);
     const uint32_t pair = *reinterpret_cast<const uint32_t*>(v_in.v);
-    const uint32_t first = __shfl_sync(0xffffffffu, pair, p >> 1, g);
-    const uint32_t second = __shfl_sync(0xffffffffu, pair, (g >> 1) + (p >> 1), g);
+    const uint32_t first = APHRODITE_SHFL(pair, p >> 1, g);
+    const uint32_t second = APHRODITE_SHFL(pair, (g >> 1) + (p >> 1), g);
     if (v_row >= 0) {
       const int shift = (p & 1) * 16;
       // The token's 2G elements start at its first lane's piece.

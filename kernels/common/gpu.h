@@ -18,4 +18,6 @@ constexpr gpuError_t gpuErrorInvalidValue = cudaErrorInvalidValue;
 #define gpuGetErrorString cudaGetErrorString
 #define APHRODITE_WARP_SIZE 32
 #define APHRODITE_SHFL_XOR(value, lane_mask) __shfl_xor_sync(0xffffffffu, (value), (lane_mask))
+/// `value` of lane `src` of this lane's `width`-lane segment (every lane of the warp takes part).
+#define APHRODITE_SHFL(value, src, width) __shfl_sync(0xffffffffu, (value), (src), (width))
 #endif

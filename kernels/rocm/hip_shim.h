@@ -14,5 +14,6 @@ constexpr gpuError_t gpuErrorInvalidValue = hipErrorInvalidValue;
 // CDNA wavefronts are 64 lanes wide, RDNA's 32; the compiler knows which it targets.
 #define APHRODITE_WARP_SIZE warpSize
 #define APHRODITE_SHFL_XOR(value, lane_mask) __shfl_xor((value), (lane_mask))
+#define APHRODITE_SHFL(value, src, width) __shfl((value), (src), (width))
 // CUDA's bfloat16 type name, so kernels name one type on both vendors.
 using __nv_bfloat16 = __hip_bfloat16;

@@ -157,7 +157,7 @@ def test_reshape_and_cache(device, dtype, block_size, head_size, tokens):
 def test_reshape_and_cache_decode_groups(device, head_size, tokens, pattern):
     # Decode sizes with 16-bit values (the GPU takes the values in token groups of up to 8, a
     # row's pieces shuffled within each token's lanes): group sizes 1..8, a last tile and a last
-    # group part empty, rows of 2, 4 and 6 warps' pieces (192: no power of two), padding slots;
+    # group part empty, rows of 1, 2 and 3 warps' pieces (192: no power of two), padding slots;
     # fp16 into an fp8 cache at three of the sizes.
     run_and_check(device, torch.bfloat16, 16, head_size, tokens, False, pattern)
     if tokens in (3, 17, 64):
