@@ -120,8 +120,9 @@ struct GemmProblem {
   float* partials;       ///< split-K scratch, GemmPlan::partial_floats fp32 (splits > 1 only)
   /// split-K tile counters, zero on entry, zero again on exit. Not to be shared by launches
   /// that may run at the same time (another stream). A counter found not zero on entry fails the
-  /// launch with an illegal-address fault (marlin_gemm.cuh fail_launch, which says which counts
-  /// it catches), which leaves the CUDA context unusable, as any such fault does.
+  /// launch with an illegal-address fault (marlin_gemm.cuh fail_launch; the arrival check in
+  /// gemm_kernel says which counts it catches), which leaves the CUDA context unusable, as any
+  /// such fault does.
   int32_t* counters;
   int64_t num_counters;  ///< capacity of counters
   int64_t m, n, k;
@@ -132,6 +133,9 @@ struct GemmProblem {
   int sm_count;       ///< of the device, for the split heuristic
   int arch = 0;       ///< the device's compute capability, 10 * major + minor (wgmma blocks: 90)
   int dram_gbps = 0;  ///< the device's peak DRAM bandwidth, GB/s (0: unknown)
+  /// What a block adds to its tile's counter on arrival: set by the launch, not the caller
+  /// (marlin_gemm.cuh next_arrival_step: 1 in the count's bits, the launch's tag above them).
+  uint32_t arrival_step = 1;
 };
 
 /// How a block's main loop multiplies and is fed (marlin_gemm.cuh Config). kMmaSync: mma.sync,

@@ -53,6 +53,27 @@ namespace aphrodite::marlin::detail {
 constexpr int kMaxStages = 4;
 constexpr int kDecodeStages = 6;
 constexpr int kMaxSplits = 64;  ///< k slices a plan may split a tile into
+
+/// A split tile's counter (GemmProblem::counters) counts its blocks' arrivals in its low
+/// kArrivalCountBits and carries the launch's tag above them: each block adds the launch's
+/// arrival step, (tag << kArrivalCountBits) | 1 with an odd tag, so that a counter zero at launch
+/// holds j * step (mod 2^32) after j arrivals (j < 2^kArrivalCountBits: j in the low bits, j * tag
+/// above them). Any other value at a block's arrival was there before the launch (gemm_kernel).
+constexpr int kArrivalCountBits = 12;
+constexpr uint32_t kArrivalCountMask = (1u << kArrivalCountBits) - 1;
+/// Most blocks that may share a tile: the spread sum's two rounds of arrivals stay within the
+/// count's bits (launch_gemm_instance checks).
+constexpr int64_t kMaxContributors = int64_t{1} << (kArrivalCountBits - 1);
+
+/// A launch's arrival step (GemmProblem::arrival_step): the tag is odd and moves by 2 from one
+/// launch of the process to the next (mod 2^(32 - kArrivalCountBits)), so that the counts a
+/// launch on another stream, or one stopped midway, leaves in a shared workspace do not read as
+/// this launch's own (gemm_kernel's arrival check).
+inline uint32_t next_arrival_step() {
+  static std::atomic<uint32_t> launches{0};
+  const uint32_t tag = 2 * launches.fetch_add(1, std::memory_order_relaxed) + 1;
+  return (tag << kArrivalCountBits) | 1u;
+}
 /// Most blocks of a split tile that launch_gemm_instance runs as one cluster (the portable
 /// cluster size); more splits reduce through global memory.
 constexpr int kMaxClusterSplits = 8;
@@ -148,9 +169,9 @@ __device__ __forceinline__ int ld_acquire_gpu(const int* addr) {
 /// every thread of the block stored before the barrier (the pattern of cooperative groups' grid
 /// sync: a fence in one thread after the barrier, not in each), and its acquire what the blocks
 /// that raised the counter before it stored.
-__device__ __forceinline__ int atom_add_acq_rel_gpu(int* addr, int v) {
+__device__ __forceinline__ int atom_add_acq_rel_gpu(int* addr, uint32_t v) {
   int old;
-  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;\n"
+  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;\n"
                : "=r"(old)
                : "l"(addr), "r"(v)
                : "memory");
@@ -1417,45 +1438,47 @@ __global__ void __launch_bounds__(
     int* const counter = p.counters +
                          static_cast<int64_t>(blockIdx.y) * ((p.n + C::kBlockN - 1) / C::kBlockN) +
                          seg.col_block;
-    // Thread 0 raises the tile's counter (releasing the block's slot, acquiring the slots of the
-    // blocks before it). Every launch leaves the counters at zero, so a count that reaches
-    // `contributors` before this block's arrival, or is negative (the compare is unsigned),
-    // means a counter that was not zero at launch:
-    // a workspace shared by launches that run at the same time, or never zeroed. That fails the
-    // launch (fail_launch), where the last-block sum would sum the tile wrongly and the spread
-    // sum wait for ever. `polls` then starts at the spread wait's bound, so that one check at
-    // the end fails both (a fail_launch in the wait too made ptxas schedule the 32-row block's
-    // main loop differently, and M = 32 8192 x 28672 ran 1.6% slower on an H200).
-    // What this catches: in the spread sum, any counter above zero (the tile's last block then
-    // counts past `contributors`); in the last-block sum, one at `contributors` or above. One
-    // left at a smaller positive count (a launch killed midway) makes an early block take itself
-    // for the last, reset the counter and sum the tile before every slot is written; the real
-    // last block fails the launch only if its count lands before that reset. A negative one
-    // fails both at the first arrival (before the unsigned compare, it left the last-block sum's
-    // tile unsummed, and the spread sum failed at its wait's bound).
+    // Thread 0 raises the tile's counter by the launch's arrival step (releasing the block's
+    // slot, acquiring the slots of the blocks before it). Every launch leaves the counters at
+    // zero, so before this block's arrival the counter holds j steps of this launch, j <
+    // `contributors` (kArrivalCountBits): any other value was there at launch (a workspace shared
+    // by launches that run at the same time, or one stopped midway, or never zeroed), and fails
+    // the launch (fail_launch), where the last-block sum would sum the tile wrongly (an early
+    // block taking itself for the last) and the spread sum wait for ever. That holds for every
+    // count left below 2^kArrivalCountBits (no multiple of an odd tag is zero in the tag's bits),
+    // for j blocks' counts left by a launch of this process d launches before unless j * d is a
+    // multiple of 2^19, and for all but fewer than one in 2^20 other values. `polls` then starts
+    // at the spread wait's bound, so that one check at the end fails both (a fail_launch in the
+    // wait too made ptxas schedule the 32-row block's main loop differently, and M = 32
+    // 8192 x 28672 ran 1.6% slower on an H200).
     constexpr int kMaxPolls = 1 << 22;
     __shared__ int last_to_arrive;
     if (tid == 0) {
-      const int before = atom_add_acq_rel_gpu(counter, 1);
-      int polls =
-          static_cast<unsigned>(before) >= static_cast<unsigned>(contributors) ? kMaxPolls : 0;
+      const uint32_t step = p.arrival_step;
+      const uint32_t before = static_cast<uint32_t>(atom_add_acq_rel_gpu(counter, step));
+      const uint32_t arrived = before & kArrivalCountMask;
+      const uint32_t sharers = static_cast<uint32_t>(contributors);
+      int polls = before != arrived * step || arrived >= sharers ? kMaxPolls : 0;
       if (spread) {
         // Split-K with every block of the grid resident at once (launch_gemm_instance launched
         // it cooperatively; each block has this one segment): wait until every block of the
-        // tile has stored its slot (the counter reaches `contributors`), then count the blocks
+        // tile has stored its slot (the count reaches `contributors`), then count the blocks
         // past that wait a second time; the last of them resets the counter for the next
         // launch. The wait is bounded (a poll is an L2 round trip and a sleep of up to 0.2 us:
         // kMaxPolls of them take about a second or more, where the tile's blocks, all resident,
         // arrive within microseconds of each other), so that a counter another launch reset
         // under this one fails the launch instead of hanging it.
-        while (polls < kMaxPolls && ld_acquire_gpu(counter) < contributors) {
+        while (polls < kMaxPolls &&
+               (static_cast<uint32_t>(ld_acquire_gpu(counter)) & kArrivalCountMask) < sharers) {
           __nanosleep(100);
           ++polls;
         }
-        if (atomicAdd(counter, 1) == 2 * contributors - 1) *counter = 0;
+        if (atomicAdd(reinterpret_cast<unsigned*>(counter), step) == (2 * sharers - 1) * step) {
+          *counter = 0;
+        }
       } else {
         // The last to arrive sums every slot and resets the counter (all have arrived).
-        last_to_arrive = before == contributors - 1;
+        last_to_arrive = before == (sharers - 1) * step;
         if (last_to_arrive) *counter = 0;
       }
       if (polls >= kMaxPolls) fail_launch();
@@ -1688,6 +1711,13 @@ gpuError_t launch_gemm_instance(const GemmProblem& p, int workers, SplitSum sum,
       static_cast<int64_t>(workers) * (units % workers) >= (int64_t{1} << 32)) {
     return cudaErrorInvalidValue;
   }
+  // A tile's k slices are shared by at most the blocks wholly inside it (each range holds
+  // units / workers units or one more) and one at each end: within the counters' count bits.
+  if ((p.k + kBlockK - 1) / kBlockK / (units / workers) + 2 > kMaxContributors) {
+    return cudaErrorInvalidValue;
+  }
+  GemmProblem q = p;
+  q.arrival_step = next_arrival_step();
   int natural = 1;  // blocks to an SM
   gpuError_t err =
       configure_instance<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps, kKWarps, kEngine>(
@@ -1749,7 +1779,7 @@ gpuError_t launch_gemm_instance(const GemmProblem& p, int workers, SplitSum sum,
       cudaLaunchAttribute cluster = cluster_attribute(static_cast<int>(splits));
       const cudaLaunchConfig_t config =
           launch_config(grid, C::kBlockThreads, shape.smem, stream, &cluster);
-      const gpuError_t err = cudaLaunchKernelEx(&config, kernel, p, group_div, maps, false);
+      const gpuError_t err = cudaLaunchKernelEx(&config, kernel, q, group_div, maps, false);
       if (err == gpuSuccess) return err;
       // Refused: cleared (else the next launch check of any op would report it), then the
       // launches below, or the error where the cluster sum was asked for.
@@ -1773,12 +1803,12 @@ gpuError_t launch_gemm_instance(const GemmProblem& p, int workers, SplitSum sum,
     cudaLaunchAttribute cooperative = cooperative_attribute();
     const cudaLaunchConfig_t config =
         launch_config(grid, C::kBlockThreads, C::kSmemAlloc, stream, &cooperative);
-    const gpuError_t err = cudaLaunchKernelEx(&config, kernel, p, group_div, maps, true);
+    const gpuError_t err = cudaLaunchKernelEx(&config, kernel, q, group_div, maps, true);
     if (err == gpuSuccess) return err;
     (void)gpuGetLastError();  // refused: cleared; the plain launch below, or the error
     if (sum == SplitSum::kSpread) return err;
   }
-  kernel<<<grid, C::kBlockThreads, C::kSmemAlloc, stream>>>(p, group_div, maps, false);
+  kernel<<<grid, C::kBlockThreads, C::kSmemAlloc, stream>>>(q, group_div, maps, false);
   return gpuGetLastError();
 }
 

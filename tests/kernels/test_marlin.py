@@ -550,14 +550,21 @@ def test_gemm_split_sum_config_errors(device, monkeypatch, config, message):
         run_gemm(a, layer, "uint4b8")
 
 
-@pytest.mark.parametrize("dirt", [1 << 20, -1])
+# Counts a split tile's counter may hold at launch that are not zero: 2^20 and -1 (never zeroed),
+# 1 and 3 (blocks of a launch stopped midway: with 4 splits, by its count alone the block that
+# finds 3 is the last; before the launch's tag joined the count, that was caught only where a later
+# block arrived before the early one's reset), and one block's arrival of a launch on another
+# stream, whose tag (2^20 - 1) is not this launch's.
+DIRTY_COUNTS = [1 << 20, -1, 1, 3, -4095]  # -4095: (2^20 - 1) << 12 | 1 as an int32
+
+
+@pytest.mark.parametrize("dirt", DIRTY_COUNTS)
 @pytest.mark.parametrize("how", ["spread", "last"])
 def test_gemm_dirty_workspace_fails_loudly(device, how, dirt):
-    # A workspace whose counters are not zero (shared by GEMMs on two streams, or never zeroed:
-    # here 2^20, at or above any tile's block count, or -1; both sums catch either at a block's
-    # arrival, comparing counts as unsigned) fails the GEMM (an illegal-address fault,
-    # marlin_gemm.cuh fail_launch), where it would otherwise sum tiles wrongly or not at all
-    # (the last block) or wait for ever (spread). In a child process: the fault leaves its CUDA
+    # A workspace whose counters are not zero (shared by GEMMs on two streams, or never zeroed)
+    # fails the GEMM (an illegal-address fault, marlin_gemm.cuh fail_launch: a block's arrival
+    # finds a count that is not its launch's), where it would otherwise sum tiles wrongly (the
+    # last block) or wait for ever (spread). In a child process: the fault leaves its CUDA
     # context unusable.
     require_cuda(device)
     child = f"""
