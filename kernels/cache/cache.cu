@@ -533,8 +533,9 @@ gpuError_t launch_reshape_typed(const ReshapeAndCacheProblem& p, gpuStream_t str
   // group_tokens a warp (8, or the tile's count up to a power of two), G = 32 / group_tokens
   // lanes a token; the values' items are then the tile's tokens rounded up to whole groups.
   const bool value_rows = fine && (p.head_size / 2) % 32 == 0;
-  int64_t group_tokens = 1;
-  while (group_tokens < 8 && group_tokens < tile) group_tokens *= 2;
+  int log_tokens = 0;
+  while (log_tokens < 3 && (int64_t{1} << log_tokens) < tile) ++log_tokens;
+  const int64_t group_tokens = int64_t{1} << log_tokens;
   const int64_t value_tokens =
       value_rows ? (tile + group_tokens - 1) / group_tokens * group_tokens : tile;
   int64_t threads = kThreads, parts = 1;
@@ -571,8 +572,7 @@ gpuError_t launch_reshape_typed(const ReshapeAndCacheProblem& p, gpuStream_t str
   const int64_t tile_items =
       value_tokens * (p.head_size / (key_piece < value_piece ? key_piece : value_piece));
   if (parts * threads >= tile_items && p.block_size <= INT32_MAX && reshape_offsets_fit_int(p)) {
-    int log_g = 0;  // kValueRows: log2(G), G = 32 / group_tokens lanes a token
-    while ((int64_t{32} >> log_g) > group_tokens) ++log_g;
+    const int log_g = 5 - log_tokens;  // kValueRows: log2(G), G = 32 / group_tokens lanes a token
     // kValueDiv: flash a row's value pieces, kValueRows the warps of a token group (a row's
     // pieces / G), else the last tile's tokens.
     const FastDiv value_div = div_by(flash        ? p.head_size / value_piece
