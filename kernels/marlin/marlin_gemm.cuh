@@ -330,6 +330,86 @@ struct StageMaps {
   CUtensorMap a, b, scales, zeros;
 };
 struct NoMaps {};
+
+/// The problem as the TMA-fed decode block's kernel takes it (KernelArgs): GemmProblem's pointers,
+/// its sizes in 32 bits (launch_gemm_instance checks that they fit) and the arrival step, without
+/// the fields only the host reads. The kernel widens it back into a GemmProblem, whose 64-bit index
+/// arithmetic ptxas then does on values it knows to be sign-extended 32-bit ones.
+struct KernelProblem {
+  void* out;
+  const void* a;
+  const int32_t* b;
+  const void* scales;
+  const int32_t* zeros;
+  const void* bias;
+  float* partials;
+  int32_t* counters;
+  int32_t m, n, k, lda, ldc, group_size;
+  uint32_t arrival_step;
+
+  /// Whether p's sizes fit (the kernel's problem is 32-bit).
+  static bool fits(const GemmProblem& p) {
+    const int64_t most = INT32_MAX;
+    return p.m <= most && p.n <= most && p.k <= most && p.lda <= most && p.ldc <= most &&
+           p.group_size <= most;
+  }
+  static KernelProblem of(const GemmProblem& p) {
+    return {p.out,
+            p.a,
+            p.b,
+            p.scales,
+            p.zeros,
+            p.bias,
+            p.partials,
+            p.counters,
+            static_cast<int32_t>(p.m),
+            static_cast<int32_t>(p.n),
+            static_cast<int32_t>(p.k),
+            static_cast<int32_t>(p.lda),
+            static_cast<int32_t>(p.ldc),
+            static_cast<int32_t>(p.group_size),
+            p.arrival_step};
+  }
+};
+
+/// What gemm_kernel takes as its problem: KernelProblem for the TMA-fed decode block, GemmProblem
+/// itself for the others. On an H200 (kernels/marlin/NOTES.md) the 32-bit problem ran the TMA-fed
+/// block's M = 16 calls 0.4-2.7 us faster (8192 x 28672 43.4 against 46.0 us) and its M = 1 calls
+/// within -0.3 to +0.6 us, while the 64-row wgmma block lost 1.0 us with it (M = 64,
+/// 28672 x 8192), and it grew the cp.async decode block's registers (159 -> 163) and the 128-row
+/// wgmma block's spills (124 -> 232 bytes).
+template <Engine kEngine>
+using KernelArgs = std::conditional_t<kEngine == Engine::kMmaSyncTma, KernelProblem, GemmProblem>;
+
+__device__ __forceinline__ const GemmProblem& widen(const GemmProblem& p) { return p; }
+__device__ __forceinline__ GemmProblem widen(const KernelProblem& kp) {
+  GemmProblem p{};
+  p.out = kp.out;
+  p.a = kp.a;
+  p.b = kp.b;
+  p.scales = kp.scales;
+  p.zeros = kp.zeros;
+  p.bias = kp.bias;
+  p.partials = kp.partials;
+  p.counters = kp.counters;
+  p.m = kp.m;
+  p.n = kp.n;
+  p.k = kp.k;
+  p.lda = kp.lda;
+  p.ldc = kp.ldc;
+  p.group_size = kp.group_size;
+  p.arrival_step = kp.arrival_step;
+  return p;
+}
+template <Engine kEngine>
+KernelArgs<kEngine> kernel_args(const GemmProblem& p) {
+  if constexpr (kEngine == Engine::kMmaSyncTma) {
+    return KernelProblem::of(p);
+  } else {
+    return p;
+  }
+}
+
 template <bool kProducer>
 using ProducerMaps = std::conditional_t<kProducer, StageMaps, NoMaps>;
 
@@ -594,10 +674,11 @@ template <typename T, WeightType kWeight, bool kGrouped, int kMTiles, int kMWarp
 __global__ void __launch_bounds__(
     Config<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps, kKWarps, kEngine>::kBlockThreads,
     Config<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps, kKWarps, kEngine>::kMinBlocks)
-    gemm_kernel(const GemmProblem p, const FastDiv group_div,
+    gemm_kernel(const KernelArgs<kEngine> kp, const FastDiv group_div,
                 const __grid_constant__ ProducerMaps<kEngine != Engine::kMmaSync> maps,
                 const bool spread) {
   using C = Config<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps, kKWarps, kEngine>;
+  const GemmProblem& p = widen(kp);
   constexpr bool kWgmma = C::kWgmma;
   using Tr = Traits<T>;
   using T2 = typename Tr::T2;
@@ -1716,8 +1797,10 @@ gpuError_t launch_gemm_instance(const GemmProblem& p, int workers, SplitSum sum,
   if ((p.k + kBlockK - 1) / kBlockK / (units / workers) + 2 > kMaxContributors) {
     return cudaErrorInvalidValue;
   }
+  if (kEngine == Engine::kMmaSyncTma && !KernelProblem::fits(p)) return cudaErrorInvalidValue;
   GemmProblem q = p;
   q.arrival_step = next_arrival_step();
+  const KernelArgs<kEngine> kp = kernel_args<kEngine>(q);
   int natural = 1;  // blocks to an SM
   gpuError_t err =
       configure_instance<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps, kKWarps, kEngine>(
@@ -1779,7 +1862,7 @@ gpuError_t launch_gemm_instance(const GemmProblem& p, int workers, SplitSum sum,
       cudaLaunchAttribute cluster = cluster_attribute(static_cast<int>(splits));
       const cudaLaunchConfig_t config =
           launch_config(grid, C::kBlockThreads, shape.smem, stream, &cluster);
-      const gpuError_t err = cudaLaunchKernelEx(&config, kernel, q, group_div, maps, false);
+      const gpuError_t err = cudaLaunchKernelEx(&config, kernel, kp, group_div, maps, false);
       if (err == gpuSuccess) return err;
       // Refused: cleared (else the next launch check of any op would report it), then the
       // launches below, or the error where the cluster sum was asked for.
@@ -1803,12 +1886,12 @@ gpuError_t launch_gemm_instance(const GemmProblem& p, int workers, SplitSum sum,
     cudaLaunchAttribute cooperative = cooperative_attribute();
     const cudaLaunchConfig_t config =
         launch_config(grid, C::kBlockThreads, C::kSmemAlloc, stream, &cooperative);
-    const gpuError_t err = cudaLaunchKernelEx(&config, kernel, q, group_div, maps, true);
+    const gpuError_t err = cudaLaunchKernelEx(&config, kernel, kp, group_div, maps, true);
     if (err == gpuSuccess) return err;
     (void)gpuGetLastError();  // refused: cleared; the plain launch below, or the error
     if (sum == SplitSum::kSpread) return err;
   }
-  kernel<<<grid, C::kBlockThreads, C::kSmemAlloc, stream>>>(q, group_div, maps, false);
+  kernel<<<grid, C::kBlockThreads, C::kSmemAlloc, stream>>>(kp, group_div, maps, false);
   return gpuGetLastError();
 }
 
