@@ -27,11 +27,13 @@ configuration computes the same result up to fp32 summation order, and the three
 split the same bits.
 
 The workspace's counters must be zero when a GEMM starts, and every GEMM leaves them so: a
-workspace is not to be shared by GEMMs that may run at the same time (on two streams). A split
-tile summed through global memory whose counter is found at or above its block count (or, where
-every block sums a share, above zero) fails the GEMM with an illegal-address fault (the CUDA
-context is then unusable) rather than summing the tile wrongly or waiting for ever; a counter
-left at a smaller count can still give a wrong tile (marlin_gemm.cuh says when).
+workspace is not to be shared by GEMMs that may run at the same time (on two streams). Each GEMM
+tags its counts (the launch's tag rides above the count), so a split tile summed through global
+memory whose counter holds anything but its own GEMM's arrivals fails the GEMM with an
+illegal-address fault (the CUDA context is then unusable) rather than summing the tile wrongly or
+waiting for ever. Where the last block sums the tile, a leftover that reads as this GEMM's own
+counts (a captured graph's replay stopped midway, or a few tag collisions) can still give a wrong
+tile (marlin_gemm.cuh says which).
 """
 
 from __future__ import annotations

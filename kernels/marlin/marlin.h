@@ -120,9 +120,9 @@ struct GemmProblem {
   float* partials;       ///< split-K scratch, GemmPlan::partial_floats fp32 (splits > 1 only)
   /// split-K tile counters, zero on entry, zero again on exit. Not to be shared by launches
   /// that may run at the same time (another stream). A counter found not zero on entry fails the
-  /// launch with an illegal-address fault (marlin_gemm.cuh fail_launch; the arrival check in
-  /// gemm_kernel says which counts it catches), which leaves the CUDA context unusable, as any
-  /// such fault does.
+  /// launch with an illegal-address fault (marlin_gemm.cuh fail_launch), which leaves the CUDA
+  /// context unusable, as any such fault does; where the last block sums the tile, but for the
+  /// few values the arrival check in gemm_kernel names (counts that read as the launch's own).
   int32_t* counters;
   int64_t num_counters;  ///< capacity of counters
   int64_t m, n, k;

@@ -1528,9 +1528,12 @@ __global__ void __launch_bounds__(
     // block taking itself for the last) and the spread sum wait for ever. That holds for every
     // count left below 2^kArrivalCountBits (no multiple of an odd tag is zero in the tag's bits),
     // for j blocks' counts left by a launch of this process d launches before unless j * d is a
-    // multiple of 2^19, and for all but fewer than one in 2^20 other values. `polls` then starts
-    // at the spread wait's bound, so that one check at the end fails both (a fail_launch in the
-    // wait too made ptxas schedule the 32-row block's main loop differently, and M = 32
+    // multiple of 2^19, and for all but fewer than one in 2^20 other values. A value that does
+    // read as this launch's (j < `contributors` steps of its own tag: a captured graph's replay
+    // stopped midway, or the exceptions above) passes the last-block sum's check; the spread sum
+    // catches every value but zero (its blocks then count past `contributors`). `polls` then
+    // starts at the spread wait's bound, so that one check at the end fails both (a fail_launch
+    // in the wait too made ptxas schedule the 32-row block's main loop differently, and M = 32
     // 8192 x 28672 ran 1.6% slower on an H200).
     constexpr int kMaxPolls = 1 << 22;
     __shared__ int last_to_arrive;

@@ -550,12 +550,13 @@ def test_gemm_split_sum_config_errors(device, monkeypatch, config, message):
         run_gemm(a, layer, "uint4b8")
 
 
-# Counts a split tile's counter may hold at launch that are not zero: 2^20 and -1 (never zeroed),
-# 1 and 3 (blocks of a launch stopped midway: with 4 splits, by its count alone the block that
-# finds 3 is the last; before the launch's tag joined the count, that was caught only where a later
-# block arrived before the early one's reset), and one block's arrival of a launch on another
-# stream, whose tag (2^20 - 1) is not this launch's.
-DIRTY_COUNTS = [1 << 20, -1, 1, 3, -4095]  # -4095: (2^20 - 1) << 12 | 1 as an int32
+# Values a split tile's counter may hold at launch that are not zero: 2^20 and -1 (never zeroed);
+# 1 and 3 (untagged counts: with 4 splits, by its count alone the block that finds 3 is the last,
+# which the last-block sum caught, before the launch's tag joined the count, only where a later
+# block arrived before the early one's reset); one block's arrival of a launch tagged 2^20 - 1
+# (another stream's); and one block's arrival of the child's first launch (tag 1, step 4097),
+# which a launch stopped midway leaves for the next.
+DIRTY_COUNTS = [1 << 20, -1, 1, 3, -4095, 4097]  # -4095: (2^20 - 1) << 12 | 1 as an int32
 
 
 @pytest.mark.parametrize("dirt", DIRTY_COUNTS)
