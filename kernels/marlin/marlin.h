@@ -121,8 +121,8 @@ struct GemmProblem {
   /// split-K tile counters, zero on entry, zero again on exit. Not to be shared by launches
   /// that may run at the same time (another stream). A counter found not zero on entry fails the
   /// launch with an illegal-address fault (marlin_gemm.cuh fail_launch), which leaves the CUDA
-  /// context unusable, as any such fault does; where the last block sums the tile, but for the
-  /// few values the arrival check in gemm_kernel names (counts that read as the launch's own).
+  /// context unusable, as any such fault does; where the last block sums the tile, all values
+  /// but the few that read as the launch's own counts (the arrival check in gemm_kernel).
   int32_t* counters;
   int64_t num_counters;  ///< capacity of counters
   int64_t m, n, k;
