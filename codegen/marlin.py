@@ -115,6 +115,7 @@ SHAPES = [
     Shape(4, 1, 4),
     Shape(4, 1, 4, 2),
     Shape(4, 2, 4),
+    Shape(1, 2, 4, engine=Engine.WGMMA),
     Shape(2, 2, 4, engine=Engine.WGMMA),
     Shape(4, 2, 4, engine=Engine.WGMMA),
 ]

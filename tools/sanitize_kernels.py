@@ -190,6 +190,9 @@ if _family_built("marlin"):
             ("m16n256t:1", torch.float16, "uint4", -1),
             ("m16n256t:sk3", torch.float16, "uint4b8", 128),
             ("m64n256w:sk3", torch.float16, "uint4b8", 128),
+            ("m32n256w:4/cluster", torch.bfloat16, "uint4", 32),
+            ("m32n256w:12", torch.float16, "uint4b8", 128),
+            ("m32n256w:sk3", torch.float16, "uint4", -1),
         ]
     for config, dtype, weight_type, group in configs:
         os.environ["APHRODITE_MARLIN_CONFIG"] = config
@@ -197,7 +200,7 @@ if _family_built("marlin"):
     if torch.cuda.get_device_capability() == (9, 0):
         # The 64-row wgmma block's last-block sum over several rows of blocks and a partial
         # column tile (its slots in its accumulators' order, whole tiles).
-        for config in ("m64n256w:4/last", "m64n256w:sk5"):
+        for config in ("m64n256w:4/last", "m64n256w:sk5", "m32n256w:4/last", "m32n256w:4/spread"):
             os.environ["APHRODITE_MARLIN_CONFIG"] = config
             _marlin_gemm((130,), 1152, 704, torch.float16, "uint4b8", 128, False)
     del os.environ["APHRODITE_MARLIN_CONFIG"]

@@ -99,6 +99,9 @@ struct WgmmaRs;
 #define APHRODITE_WGMMA_F32(d, i)                                                        \
   APHRODITE_WGMMA_F8(d, i), APHRODITE_WGMMA_F8(d, i + 8), APHRODITE_WGMMA_F8(d, i + 16), \
       APHRODITE_WGMMA_F8(d, i + 24)
+#define APHRODITE_WGMMA_D16          \
+  "%0, %1, %2, %3, %4, %5, %6, %7, " \
+  "%8, %9, %10, %11, %12, %13, %14, %15"
 #define APHRODITE_WGMMA_D32                  \
   "%0, %1, %2, %3, %4, %5, %6, %7, "         \
   "%8, %9, %10, %11, %12, %13, %14, %15, "   \
@@ -126,7 +129,10 @@ struct WgmmaRs;
   };
 
 #define APHRODITE_WGMMA_F64(d) APHRODITE_WGMMA_F32(d, 0), APHRODITE_WGMMA_F32(d, 32)
+#define APHRODITE_WGMMA_F16(d) APHRODITE_WGMMA_F8(d, 0), APHRODITE_WGMMA_F8(d, 8)
 #define APHRODITE_WGMMA_RS_TYPE(TYPE, PTX)                                          \
+  APHRODITE_WGMMA_RS(TYPE, PTX, 32, APHRODITE_WGMMA_D16, APHRODITE_WGMMA_F16(d),    \
+                     "%16, %17, %18, %19", "%20", "%21")                            \
   APHRODITE_WGMMA_RS(TYPE, PTX, 64, APHRODITE_WGMMA_D32, APHRODITE_WGMMA_F32(d, 0), \
                      "%32, %33, %34, %35", "%36", "%37")                            \
   APHRODITE_WGMMA_RS(TYPE, PTX, 128, APHRODITE_WGMMA_D64, APHRODITE_WGMMA_F64(d),   \

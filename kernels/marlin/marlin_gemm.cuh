@@ -532,8 +532,8 @@ struct Config {
       kProducer ? (kABytes + kBBytes + kSBytes + kZBytes + 1023) / 1024 * 1024
                 : kABytes + kBBytes + kSBytes + kZBytes;
   static_assert(!kWgmma || (kMWarps == 2 && kNWarps == 4 && kKWarps == 1 &&
-                            (kBlockM == 64 || kBlockM == 128)),
-                "a wgmma block is 2 warpgroups of 4 warps, 64 or 128 rows (wgmma n)");
+                            (kBlockM == 32 || kBlockM == 64 || kBlockM == 128)),
+                "a wgmma block is 2 warpgroups of 4 warps, 32, 64 or 128 rows (wgmma n)");
   static_assert(kEngine != Engine::kMmaSyncTma ||
                     (kBlockM == 16 && kMWarps == 1 && kNWarps == 4 && kKWarps == 1),
                 "the TMA-fed mma.sync block is the 16-row decode block");

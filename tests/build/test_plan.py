@@ -199,15 +199,15 @@ def test_cmake_rejects_unknown_device(tmp_path):
 
 
 @pytest.mark.parametrize("requested, built, options, files", [
-    ("7.5 8.0 8.6 8.9 9.0a 10.0a 12.0+PTX", "8.0 8.6 8.9 9.0a 10.0a 12.0+PTX", "", 56 + 1),
+    ("7.5 8.0 8.6 8.9 9.0a 10.0a 12.0+PTX", "8.0 8.6 8.9 9.0a 10.0a 12.0+PTX", "", 64 + 1),
     ("8.0 9.0 12.0", "8.0 9.0 12.0", "", 32 + 1),
-    ("9.0a", "9.0a", "marlin.dtypes=bf16;marlin.groups=grouped", 2 * 7 + 1),
+    ("9.0a", "9.0a", "marlin.dtypes=bf16;marlin.groups=grouped", 2 * 8 + 1),
     ("7.5", "", "", 0),
 ])
 def test_marlin_family_archs_and_grid(tmp_path, requested, built, options, files):
     # Marlin needs sm_80+ (mma.sync bf16, cp.async): 7.5 alone skips it with its reason; the
     # generator options narrow the instantiation grid (files = instances + the dispatch table):
-    # 32 mma.sync instances by default, and the 24 sm_90a ones (16 wgmma, 8 TMA-fed decode)
+    # 32 mma.sync instances by default, and the 32 sm_90a ones (24 wgmma, 8 TMA-fed decode)
     # where the family is built for 9.0a.
     proc, build = configure(tmp_path, requested, f"-DAPHRODITE_GENERATOR_OPTIONS={options}")
     assert proc.returncode == 0, proc.stderr

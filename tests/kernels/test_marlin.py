@@ -461,7 +461,8 @@ BLOCK_SHAPES = [  # codegen/marlin.py SHAPES
     "m64n256",
     "m64n256k2",
     "m128n256",
-    "m64n256w",  # the sm_90a wgmma blocks (built for 9.0a; skipped elsewhere)
+    "m32n256w",  # the sm_90a wgmma blocks (built for 9.0a; skipped elsewhere)
+    "m64n256w",
     "m128n256w",
     "m16n256t",  # the sm_90a TMA-fed decode block (likewise)
 ]
@@ -508,7 +509,7 @@ def test_gemm_split_through_global_memory(device, monkeypatch, shape, n, m):
     assert torch.equal(out, again()), "not deterministic"
 
 
-@pytest.mark.parametrize("shape", ["m16n256", "m16n256t", "m64n256w"])
+@pytest.mark.parametrize("shape", ["m16n256", "m16n256t", "m32n256w", "m64n256w"])
 @pytest.mark.parametrize("weight_type", WEIGHT_TYPES)
 @pytest.mark.parametrize("m, n", [(1, 768), (33, 768), (130, 704)])
 def test_gemm_split_sums_agree(device, monkeypatch, shape, weight_type, m, n):
@@ -609,6 +610,7 @@ STREAM_K_SHAPES = [
     "m64n256",
     "m64n256k2",
     "m128n256",
+    "m32n256w",
     "m64n256w",
     "m128n256w",
     "m16n256t",
@@ -644,7 +646,14 @@ def test_gemm_stream_k_groups(device, monkeypatch, dtype, weight_type, group_siz
         pytest.skip("K is not a multiple of the group size")
     layer = make_layer(k, n, dtype, weight_type, group_size, False, device)
     ws = marlin.make_workspace(device)
-    cases = ((5, "m16n256"), (61, "m64n256"), (61, "m64n256w"), (141, "m128n256w"), (9, "m16n256t"))
+    cases = (
+        (5, "m16n256"),
+        (61, "m64n256"),
+        (29, "m32n256w"),
+        (61, "m64n256w"),
+        (141, "m128n256w"),
+        (9, "m16n256t"),
+    )
     for m, shape in cases:
         a = torch.randn(m, k, dtype=dtype, device=device)
         monkeypatch.setenv("APHRODITE_MARLIN_CONFIG", shape + ":sk")
@@ -809,16 +818,17 @@ def run_generator(tmp_path, *options):
 def test_codegen_grid_and_narrowing(tmp_path):
     proc, loads = run_generator(tmp_path)
     outputs = loads(proc.stdout)["outputs"]
-    # 2 dtypes x 2 weight types x 2 group modes x 7 default block shapes (4 mma.sync, 2 wgmma
+    # 2 dtypes x 2 weight types x 2 group modes x 8 default block shapes (4 mma.sync, 3 wgmma
     # and the TMA-fed decode block for 9.0a), plus the dispatch.
-    assert len(outputs) == 2 * 2 * 2 * 7 + 1 and "marlin_dispatch.cu" in outputs
+    assert len(outputs) == 2 * 2 * 2 * 8 + 1 and "marlin_dispatch.cu" in outputs
+    assert "marlin_bf16_uint4_channel_m32n256w.cu" in outputs
     assert "marlin_f16_uint4b8_grouped_m128n256w.cu" in outputs
     assert "marlin_f16_uint4_channel_m16n256t.cu" in outputs
     assert "marlin_bf16_uint4_grouped_m16n256.cu" in outputs
     assert not any("k2" in o for o in outputs), "the k-split shapes are built when named"
     proc, loads = run_generator(tmp_path, "dtypes=bf16", "groups=grouped")
     narrowed = loads(proc.stdout)["outputs"]
-    assert len(narrowed) == 2 * 7 + 1
+    assert len(narrowed) == 2 * 8 + 1
     assert all("_f16_" not in o and "_channel_" not in o for o in narrowed)
     proc, loads = run_generator(tmp_path, "dtypes=bf16", "groups=grouped", "shapes=m64n256k2")
     assert loads(proc.stdout)["outputs"] == [
@@ -846,7 +856,7 @@ def test_codegen_sm90a_shapes_need_sm90a(tmp_path):
         assert len(names) == 2 * 2 * 2 * 4 + 1
         assert not any(n.endswith(("w.cu", "t.cu")) for n in names)
     names = json.loads(outputs("8.0 9.0a").stdout)["outputs"]
-    assert sum(n.endswith("w.cu") for n in names) == 2 * 2 * 2 * 2
+    assert sum(n.endswith("w.cu") for n in names) == 2 * 2 * 2 * 3
     assert sum(n.endswith("t.cu") for n in names) == 2 * 2 * 2
     for shape in ("m128n256w", "m16n256t"):
         proc = outputs("9.0", f"shapes=m16n256,{shape}")
