@@ -168,7 +168,8 @@ if _family_built("marlin"):
     # global memory (stream-K), and whole tiles, with zero points and one scale per channel; and
     # stream-K over 3 blocks (ranges that cross a tile boundary) with it and the 64-row wgmma
     # block, whose producers run into a block's next tile while its consumers sum the last (the
-    # 64-row wgmma block's last-block sum keeps its slots in its accumulators' order).
+    # 64-row wgmma block's last-block sum keeps its slots in its accumulators' order); the 32-row
+    # wgmma block (wgmma n = 32) split in a cluster, through global memory and by stream-K.
     # 12 splits sum through global memory: at m = 16 every block a share of its tile (the grid
     # is resident at once), at m = 1 the last block to arrive; and each of the two forced at both
     # sizes ("/spread", "/last": marlin::SplitSum).
@@ -199,7 +200,8 @@ if _family_built("marlin"):
         _marlin_gemm((1, 16), 4096, 512, dtype, weight_type, group, False)
     if torch.cuda.get_device_capability() == (9, 0):
         # The 64-row wgmma block's last-block sum over several rows of blocks and a partial
-        # column tile (its slots in its accumulators' order, whole tiles).
+        # column tile (its slots in its accumulators' order, whole tiles); the 32-row block's two
+        # global sums there (its slots in the tile's [M, N] order).
         for config in ("m64n256w:4/last", "m64n256w:sk5", "m32n256w:4/last", "m32n256w:4/spread"):
             os.environ["APHRODITE_MARLIN_CONFIG"] = config
             _marlin_gemm((130,), 1152, 704, torch.float16, "uint4b8", 128, False)

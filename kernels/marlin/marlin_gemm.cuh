@@ -491,8 +491,8 @@ inline int64_t max_contributors(int64_t col_blocks, int64_t num_stages, int64_t 
 }
 
 /// Shared memory a wgmma block (sm_90 only, up to 227 KiB there) may take: its pipeline has as
-/// many slots as fit (11 of 18 KiB for 64 rows, 7 of 26 KiB for 128), so that the producer
-/// (Config::kProducer) runs up to that many stages ahead.
+/// many slots as fit (f16 uint4b8 grouped: 15 of 13 KiB for 32 rows, 11 of 18 KiB for 64, 7 of
+/// 26 KiB for 128), so that the producer (Config::kProducer) runs up to that many stages ahead.
 constexpr int kWgmmaSmemBudget = 200 * 1024;
 /// The TMA-fed decode block (Engine::kMmaSyncTma) runs two to an SM: 8 slots of 12 KiB.
 constexpr int kTmaDecodeSmemBudget = 100 * 1024;
@@ -545,7 +545,7 @@ struct Config {
   /// pipeline (6 stages, ~69 KiB: still 3 blocks per SM); taller blocks get 4 stages where
   /// they fit in kSmemBudget, else 3 (the 128-row block). A producer block (wgmma, TMA-fed
   /// decode) takes as many as fit its budget besides the alignment (1 KiB) and its barriers
-  /// (under 256 bytes).
+  /// (at most 256 bytes).
   static constexpr int kStages = kProducer ? (kBudget - 1024 - 256) / kStageBytes
                                  : kBlockM <= 16 && kDecodeStages * kStageBytes <= kBudget
                                      ? kDecodeStages
@@ -560,7 +560,7 @@ struct Config {
   /// of fp32 sums in its shared memory. A block asks for room for it where its pipeline holds
   /// less and its budget allows: the 64-row mma.sync block with one scale per channel has
   /// 64 KiB of stages, its tile 66 KiB (two an SM either way). (The wgmma blocks' pipelines,
-  /// 11 x 18 KiB and 7 x 26 KiB, hold their tiles of 65 and 130 KiB.)
+  /// 15 x 13 KiB, 11 x 18 KiB and 7 x 26 KiB, hold their tiles of 33, 65 and 130 KiB.)
   /// Its rows are a few floats more than kBlockN apart: a warp's pair stores into rows a
   /// multiple of 32 banks apart would meet in 8 banks, 8 ways (8 wavefronts where 256 bytes take
   /// 2). A half-warp's stores cover 4 rows x 8 columns in the mma.sync layout (rows g, columns

@@ -378,7 +378,7 @@ def check_gemm(m, k, n, dtype, weight_type, group_size, act_order, device, bias=
 
 @pytest.mark.parametrize("dtype", list(TOL))
 @pytest.mark.parametrize("weight_type", WEIGHT_TYPES)
-@pytest.mark.parametrize("m", [1, 7, 8, 9, 16, 33, 64, 128, 257, 1024])
+@pytest.mark.parametrize("m", [1, 7, 8, 9, 16, 24, 33, 64, 128, 257, 1024])
 @pytest.mark.parametrize("kn", [(384, 192), (1152, 704), (4096, 4096)])
 def test_gemm_sizes(device, dtype, weight_type, m, kn):
     require_cuda(device)
@@ -409,7 +409,7 @@ def test_gemm_group_not_power_of_two(device, dtype, weight_type, group_size, m):
 
 
 @pytest.mark.parametrize("dtype", list(TOL))
-@pytest.mark.parametrize("m", [1, 16, 64])
+@pytest.mark.parametrize("m", [1, 16, 29, 64])
 @pytest.mark.parametrize("kn", [(8192, 8192), (8192, 28672), (28672, 8192)])
 def test_gemm_large(device, dtype, m, kn):
     require_cuda(device)
