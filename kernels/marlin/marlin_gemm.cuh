@@ -64,6 +64,12 @@ constexpr uint32_t kArrivalCountMask = (1u << kArrivalCountBits) - 1;
 /// Most blocks that may share a tile: the spread sum's two rounds of arrivals stay within the
 /// count's bits (launch_gemm_instance checks).
 constexpr int64_t kMaxContributors = int64_t{1} << (kArrivalCountBits - 1);
+/// The fewest k slices a block's range (a split, a stream-K share) may hold where a column tile
+/// has `slices`: the tile is then shared by at most slices / range blocks wholly inside it and one
+/// at each end, kMaxContributors in all (launch_gemm_instance checks, plan_stream_k keeps to it).
+constexpr int64_t min_range_slices(int64_t slices) {
+  return (slices + kMaxContributors - 3) / (kMaxContributors - 2);
+}
 
 /// A launch's arrival step (GemmProblem::arrival_step): the tag is odd and moves by 2 from one
 /// launch of the process to the next (mod 2^(32 - kArrivalCountBits)), so that the counts a
@@ -1795,9 +1801,9 @@ gpuError_t launch_gemm_instance(const GemmProblem& p, int workers, SplitSum sum,
       static_cast<int64_t>(workers) * (units % workers) >= (int64_t{1} << 32)) {
     return cudaErrorInvalidValue;
   }
-  // A tile's k slices are shared by at most the blocks wholly inside it (each range holds
-  // units / workers units or one more) and one at each end: within the counters' count bits.
-  if ((p.k + kBlockK - 1) / kBlockK / (units / workers) + 2 > kMaxContributors) {
+  // Each range holds units / workers units or one more: long enough that a tile's blocks stay
+  // within the counters' count bits.
+  if (units / workers < min_range_slices((p.k + kBlockK - 1) / kBlockK)) {
     return cudaErrorInvalidValue;
   }
   if (kEngine == Engine::kMmaSyncTma && !KernelProblem::fits(p)) return cudaErrorInvalidValue;
