@@ -1,7 +1,8 @@
 """Our kernels against what a user would pick instead, side by side in one run: torch eager
 and torch.compile of the same function. Each family's cases live in benchmarks/cases/<family>.py.
 Bandwidth-bound ops report achieved bytes/s (each input read once, each output written once)
-beside the device copy's rate.
+beside the device copy's rate. On a GPU the decode sizes are timed a second way too: as calls
+replayed back to back from a CUDA graph (harness.graph_ms), as a served decode step runs them.
 
     python benchmarks/bench_kernels.py [--device cuda|cpu] [--family NAME ...] [--out DIR]
 """
@@ -17,7 +18,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402
-from cases import all_cases  # noqa: E402
+from cases import SHAPES, all_cases  # noqa: E402
 
 import aphrodite_ext  # noqa: E402
 
@@ -31,6 +32,9 @@ HEADER = [
     "ours GB/s",
     "vs compile",
     "vs eager",
+    "ours graph us",
+    "compile graph us",
+    "vs compile, graph",
 ]
 
 
@@ -61,6 +65,14 @@ def main():
         t_ours = harness.median_ms(case.ours, device, reps=reps)
         t_eager = harness.median_ms(case.ref, device, reps=reps)
         t_comp = harness.median_ms(compiled, device, reps=reps)
+        graph = ["-", "-", "-"]
+        if device == "cuda" and case.tokens in SHAPES[device].decode:
+            g_ours, g_comp = harness.graph_ms(case.ours), harness.graph_ms(compiled)
+            graph = [
+                f"{g_ours * 1e3:.2f}" if g_ours else "n/a",
+                f"{g_comp * 1e3:.2f}" if g_comp else "n/a",
+                f"{g_comp / g_ours:.2f}x" if g_ours and g_comp else "-",
+            ]
         rows.append(
             [
                 case.op,
@@ -72,6 +84,7 @@ def main():
                 f"{case.nbytes / t_ours / 1e6:.0f}",
                 f"{t_comp / t_ours:.2f}x",
                 f"{t_eager / t_ours:.2f}x",
+                *graph,
             ]
         )
         print(" | ".join(map(str, rows[-1])), flush=True)
