@@ -20,18 +20,19 @@ inline constexpr int kActThreads = 256;
 /// Blocks below this count are considered too few to fill the GPU; blocks shrink to make more.
 /// About 3 an SM on an H100: fewer, larger blocks than 1024 ran the decode sizes faster (H100,
 /// same run, 16 tokens x 28672 against torch.compile: erf 0.93x -> 0.99x, silu 0.99x -> 1.00x,
-/// tanh form 0.97x -> 1.00x; at 64 tokens all stayed 1.01-1.07x): silu's 57344 vectors now run
-/// in 448 blocks of 128 threads instead of 896 of 64.
+/// tanh form 0.97x -> 1.00x; at 64 tokens all stayed 1.01-1.07x).
 inline constexpr int64_t kActMinBlocks = 400;
 /// Smallest block the launcher shrinks to.
-inline constexpr int kActMinThreads = 64;
-/// Below this many 16-byte vectors a thread takes a quarter vector, so that the activation's
-/// math, which then bounds the time, spreads over 4x the threads: about a hundred vectors an SM
-/// (a token or a few at decode) for silu and the tanh form; four times that for erf's longer
-/// code. At 16 tokens x 28672 (57344 vectors) an H100 profile (2026-11-25) ran silu's quarter
-/// vectors in 4.0 us against 3.6 us for torch.compile's whole-vector kernel, and the same run's
-/// benchmark gave erf with whole vectors 0.91x of torch.compile.
-constexpr int64_t act_small_vecs(Kind k) { return k == Kind::kGelu ? 65536 : 16384; }
+inline constexpr int kActMinThreads = 128;
+/// Below this many 16-byte vectors (73 tokens x 28672) a thread takes half a vector: twice the
+/// threads, each with half the math and a shorter chain of it, for the decode sizes, where the
+/// math and the launch bound the time rather than the bytes. H200, bf16 x 28672, calls replayed
+/// back to back from a CUDA graph (2026-11-28, us, silu / erf): against quarter vectors in
+/// blocks of at least 64 threads (the rule before), 1 token 1.33 / 1.42 against 1.42 / 1.46,
+/// 16 tokens 1.72 / 2.10 against 1.80 / 2.08, and against whole vectors at 64 tokens 2.69 / 4.00
+/// against 2.83 / 3.99; 1-element threads in torch.compile's shape (224 blocks of 128 at one
+/// token) 1.38 / 1.42, and 2.3-9.9 at 16 and 64 tokens.
+inline constexpr int64_t kActSmallVecs = int64_t{1} << 18;
 /// Grid limits; the kernel loops when the problem needs more blocks than these.
 inline constexpr int64_t kActMaxGridX = int64_t{1} << 20;
 inline constexpr int64_t kActMaxGridY = 65535;
@@ -184,7 +185,7 @@ gpuError_t act_and_mul_launch_vec(const Problem& p, gpuStream_t stream) {
 
 /// @brief Launches out = act(input[:, :d]) * input[:, d:] (computed in fp32, rounded once) on
 /// `stream` for element type T, which must match p.dtype. Uses 16-byte loads and stores when d,
-/// both row strides and both pointers allow it (4-byte ones for small problems), element-wise
+/// both row strides and both pointers allow it (8-byte ones for the decode sizes), element-wise
 /// accesses otherwise. Returns the launch's error code (gpuSuccess without launching when there
 /// is nothing to do).
 template <Kind K, typename T>
@@ -197,8 +198,8 @@ gpuError_t act_and_mul_launch(const Problem& p, gpuStream_t stream) {
   const bool vectorised = p.d % kVec == 0 && p.out_row_stride % kVec == 0 &&
                           p.input_row_stride % kVec == 0 && detail::act_aligned16(p.out) &&
                           detail::act_aligned16(p.input);
-  if (vectorised && p.num_tokens * (p.d / kVec) < detail::act_small_vecs(K)) {
-    return detail::act_and_mul_launch_vec<K, T, (kVec >= 4 ? kVec / 4 : 1)>(p, stream);
+  if (vectorised && p.num_tokens * (p.d / kVec) < detail::kActSmallVecs) {
+    return detail::act_and_mul_launch_vec<K, T, (kVec >= 2 ? kVec / 2 : 1)>(p, stream);
   }
   if (vectorised) return detail::act_and_mul_launch_vec<K, T, kVec>(p, stream);
   return detail::act_and_mul_launch_vec<K, T, 1>(p, stream);
