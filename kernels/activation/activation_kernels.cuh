@@ -29,7 +29,7 @@ inline constexpr int kActMinThreads = 128;
 /// math and the launch bound the time rather than the bytes. H200, bf16 x 28672, calls replayed
 /// back to back from a CUDA graph (2026-11-28, us, silu / erf): against quarter vectors in
 /// blocks of at least 64 threads (the rule before), 1 token 1.33 / 1.42 against 1.42 / 1.46,
-/// 16 tokens 1.72 / 2.10 against 1.80 / 2.08, and against whole vectors at 64 tokens 2.69 / 4.00
+/// 16 tokens 1.71 / 2.10 against 1.80 / 2.08, and against whole vectors at 64 tokens 2.68 / 4.00
 /// against 2.83 / 3.99; 1-element threads in torch.compile's shape (224 blocks of 128 at one
 /// token) 1.38 / 1.42, and 2.3-9.9 at 16 and 64 tokens.
 inline constexpr int64_t kActSmallVecs = int64_t{1} << 18;
