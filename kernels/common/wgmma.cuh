@@ -93,12 +93,12 @@ struct WgmmaRs;
 
 #if APHRODITE_HAS_WGMMA
 // The accumulator operands: N / 2 floats, "+f" each, and their "%i" list in the instruction.
-#define APHRODITE_WGMMA_F8(d, i)                                                              \
+#define APHRODITE_WGMMA_ACC8(d, i)                                                            \
   "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
       "+f"(d[i + 6]), "+f"(d[i + 7])
-#define APHRODITE_WGMMA_F32(d, i)                                                        \
-  APHRODITE_WGMMA_F8(d, i), APHRODITE_WGMMA_F8(d, i + 8), APHRODITE_WGMMA_F8(d, i + 16), \
-      APHRODITE_WGMMA_F8(d, i + 24)
+#define APHRODITE_WGMMA_ACC32(d, i)                                                            \
+  APHRODITE_WGMMA_ACC8(d, i), APHRODITE_WGMMA_ACC8(d, i + 8), APHRODITE_WGMMA_ACC8(d, i + 16), \
+      APHRODITE_WGMMA_ACC8(d, i + 24)
 #define APHRODITE_WGMMA_D16          \
   "%0, %1, %2, %3, %4, %5, %6, %7, " \
   "%8, %9, %10, %11, %12, %13, %14, %15"
@@ -128,18 +128,28 @@ struct WgmmaRs;
     }                                                                                            \
   };
 
-#define APHRODITE_WGMMA_F64(d) APHRODITE_WGMMA_F32(d, 0), APHRODITE_WGMMA_F32(d, 32)
-#define APHRODITE_WGMMA_F16(d) APHRODITE_WGMMA_F8(d, 0), APHRODITE_WGMMA_F8(d, 8)
-#define APHRODITE_WGMMA_RS_TYPE(TYPE, PTX)                                          \
-  APHRODITE_WGMMA_RS(TYPE, PTX, 32, APHRODITE_WGMMA_D16, APHRODITE_WGMMA_F16(d),    \
-                     "%16, %17, %18, %19", "%20", "%21")                            \
-  APHRODITE_WGMMA_RS(TYPE, PTX, 64, APHRODITE_WGMMA_D32, APHRODITE_WGMMA_F32(d, 0), \
-                     "%32, %33, %34, %35", "%36", "%37")                            \
-  APHRODITE_WGMMA_RS(TYPE, PTX, 128, APHRODITE_WGMMA_D64, APHRODITE_WGMMA_F64(d),   \
+#define APHRODITE_WGMMA_ACC64(d) APHRODITE_WGMMA_ACC32(d, 0), APHRODITE_WGMMA_ACC32(d, 32)
+#define APHRODITE_WGMMA_ACC16(d) APHRODITE_WGMMA_ACC8(d, 0), APHRODITE_WGMMA_ACC8(d, 8)
+#define APHRODITE_WGMMA_RS_TYPE(TYPE, PTX)                                            \
+  APHRODITE_WGMMA_RS(TYPE, PTX, 32, APHRODITE_WGMMA_D16, APHRODITE_WGMMA_ACC16(d),    \
+                     "%16, %17, %18, %19", "%20", "%21")                              \
+  APHRODITE_WGMMA_RS(TYPE, PTX, 64, APHRODITE_WGMMA_D32, APHRODITE_WGMMA_ACC32(d, 0), \
+                     "%32, %33, %34, %35", "%36", "%37")                              \
+  APHRODITE_WGMMA_RS(TYPE, PTX, 128, APHRODITE_WGMMA_D64, APHRODITE_WGMMA_ACC64(d),   \
                      "%64, %65, %66, %67", "%68", "%69")
 
 APHRODITE_WGMMA_RS_TYPE(__half, "f16")
 APHRODITE_WGMMA_RS_TYPE(__nv_bfloat16, "bf16")
+// The helpers above are this header's alone.
+#undef APHRODITE_WGMMA_RS_TYPE
+#undef APHRODITE_WGMMA_RS
+#undef APHRODITE_WGMMA_ACC64
+#undef APHRODITE_WGMMA_ACC32
+#undef APHRODITE_WGMMA_ACC16
+#undef APHRODITE_WGMMA_ACC8
+#undef APHRODITE_WGMMA_D64
+#undef APHRODITE_WGMMA_D32
+#undef APHRODITE_WGMMA_D16
 #else
 template <typename T, int N>
 struct WgmmaRs {
