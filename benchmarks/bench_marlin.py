@@ -109,21 +109,10 @@ def bench_shape(k: int, n: int, ms_list: list[int], ws: torch.Tensor, copy_gbs: 
 
 SWEEP_MS = [1, 16, 32, 64, 128]
 SWEEP_SHAPES = [(4096, 4096), (8192, 8192), (8192, 28672), (28672, 8192)]
-# codegen/marlin.py SHAPES: (block rows, name); the k2 shapes are 8-warp twins of the 4-warp ones,
-# the w shapes the sm_90a wgmma blocks and m16n256t the sm_90a TMA-fed decode block (built for
-# 9.0a only).
-BLOCK_SHAPES = [
-    (16, "m16n256"),
-    (16, "m16n256t"),
-    (32, "m32n256"),
-    (32, "m32n256k2"),
-    (64, "m64n256"),
-    (64, "m64n256k2"),
-    (128, "m128n256"),
-    (32, "m32n256w"),
-    (64, "m64n256w"),
-    (128, "m128n256w"),
-]
+# (block rows, name) of every block shape codegen/marlin.py declares; the k2 shapes are 8-warp
+# twins of the 4-warp ones, the w shapes the sm_90a wgmma blocks and m16n256t the sm_90a TMA-fed
+# decode block (built for 9.0a only).
+BLOCK_SHAPES = [(shape.rows, shape.name) for shape in harness.codegen_module("marlin").SHAPES]
 # Config suffixes per block shape: none (the heuristic's split), ":<splits>" (split-K) and ":sk"
 # (stream-K over the blocks resident at once).
 SPLITS = [None, 1, 2, 3, 4, 6, 8, 12, 16, 24, "sk"]

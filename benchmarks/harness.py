@@ -5,11 +5,13 @@ JSON under benchmarks/results/ with the device, date and commit."""
 from __future__ import annotations
 
 import datetime
+import importlib.util
 import json
 import os
 import platform
 import statistics
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -93,6 +95,20 @@ def graph_ms(fn, calls: int = 50, reps: int = 40) -> float | None:
         times.append(start.elapsed_time(end) / calls)
     del graph
     return statistics.median(times)
+
+
+def codegen_module(name: str):
+    """codegen/<name>.py as a module (its declarations: e.g. marlin's block SHAPES)."""
+    path = RESULTS.parent.parent / "codegen" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"codegen_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up while it loads
+    path_before = sys.path[:]
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path[:] = path_before  # the generator puts codegen/ first for its own imports
+    return module
 
 
 def device_name(device: str) -> str:
