@@ -62,32 +62,40 @@ def median_ms(fn, device: str, warmup: int = 10, reps: int = 100) -> float:
 
 
 def graph_ms(fn, calls: int = 50, reps: int = 40) -> float | None:
-    """Device time a call of `calls` back-to-back calls of `fn` replayed from one CUDA graph,
-    median over `reps` replays, ms; None where `fn` cannot be captured (a host sync).
+    """Per-call device time, ms, of `calls` back-to-back calls of `fn` replayed from one CUDA
+    graph (median over `reps` replays); None where `fn` cannot be captured (a host sync), with
+    the reason printed.
 
     What a decode step served from a CUDA graph sees: no host launch latency, no events around
     each call (whose overhead and ~0.5 us resolution are most of median_ms's figure for a call
     of a few microseconds), and the inputs warm in the L2 after the first call, as the previous
-    op's output would be."""
+    op's output would be. The GPU waits (torch.cuda._sleep) before the start event while the
+    host submits the replay, so the graph's own launch is not timed either. Compare figures
+    within one run: between runs, and for some rows between allocations of the inputs, they
+    moved by up to 0.2 us."""
+    stream = torch.cuda.current_stream()
     side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
+    side.wait_stream(stream)
     with torch.cuda.stream(side):  # warm-up off the default stream, as capture wants
         for _ in range(3):
             fn()
-    torch.cuda.current_stream().wait_stream(side)
+    stream.wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     try:
         with torch.cuda.graph(graph):
             for _ in range(calls):
                 fn()
-    except RuntimeError:
+    except RuntimeError as error:
+        torch.cuda.set_stream(stream)  # a failed capture's exit leaves its own stream current
         torch.cuda.synchronize()
+        print(f"graph_ms: not captured: {str(error).splitlines()[0]}", flush=True)
         return None
     graph.replay()
     torch.cuda.synchronize()
     times = []
     for _ in range(reps):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(100_000)  # ~50 us: longer than the host takes to submit the replay
         start.record()
         graph.replay()
         end.record()
@@ -103,11 +111,16 @@ def codegen_module(name: str):
     spec = importlib.util.spec_from_file_location(f"codegen_{name}", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up while it loads
-    path_before = sys.path[:]
+    path_before, modules_before = sys.path[:], set(sys.modules)
     try:
         spec.loader.exec_module(module)
     finally:
-        sys.path[:] = path_before  # the generator puts codegen/ first for its own imports
+        # The generator puts codegen/ first for its own imports (codegen/common.py as `common`):
+        # neither stays.
+        sys.path[:] = path_before
+        for name in set(sys.modules) - modules_before - {spec.name}:
+            if Path(getattr(sys.modules[name], "__file__", None) or "").parent == path.parent:
+                del sys.modules[name]
     return module
 
 

@@ -17,21 +17,22 @@ namespace detail {
 
 /// Threads per block (a block may cover several rows when rows are narrow).
 inline constexpr int kActThreads = 256;
-/// Blocks below this count are considered too few to fill the GPU; blocks shrink to make more.
-/// About 3 an SM on an H100: fewer, larger blocks than 1024 ran the decode sizes faster (H100,
-/// same run, 16 tokens x 28672 against torch.compile: erf 0.93x -> 0.99x, silu 0.99x -> 1.00x,
-/// tanh form 0.97x -> 1.00x; at 64 tokens all stayed 1.01-1.07x).
+/// Blocks below this count are considered too few to fill the GPU: the launcher halves the block
+/// (to no fewer than kActMinThreads) while the grid has fewer. Set when the decode sizes ran whole
+/// or quarter vectors (H100, same run, 16 tokens x 28672 against torch.compile: erf 0.93x ->
+/// 0.99x, silu 0.99x -> 1.00x, tanh form 0.97x -> 1.00x against 1024 blocks); with half vectors
+/// from 2 to 14 tokens of 28672 it still shrinks a block, at 1 token the grid is 56 blocks of 128.
 inline constexpr int64_t kActMinBlocks = 400;
 /// Smallest block the launcher shrinks to.
 inline constexpr int kActMinThreads = 128;
 /// Below this many 16-byte vectors (73 tokens x 28672) a thread takes half a vector: twice the
 /// threads, each with half the math and a shorter chain of it, for the decode sizes, where the
 /// math and the launch bound the time rather than the bytes. H200, bf16 x 28672, calls replayed
-/// back to back from a CUDA graph (2026-11-28, us, silu / erf): against quarter vectors in
-/// blocks of at least 64 threads (the rule before), 1 token 1.33 / 1.42 against 1.42 / 1.46,
-/// 16 tokens 1.71 / 2.10 against 1.80 / 2.08, and against whole vectors at 64 tokens 2.68 / 4.00
-/// against 2.83 / 3.99; 1-element threads in torch.compile's shape (224 blocks of 128 at one
-/// token) 1.38 / 1.42, and 2.3-9.9 at 16 and 64 tokens.
+/// back to back from a CUDA graph (2026-11-28, us, silu / erf), against the rule before (quarter
+/// vectors below 16384 / 65536 vectors, else whole; blocks of at least 64 threads): 1 token
+/// 1.33 / 1.42 against 1.42 / 1.46, 16 tokens 1.71 / 2.10 against 1.80 / 2.08, 64 tokens
+/// 2.68 / 4.00 against 2.83 / 3.99; 1-element threads in torch.compile's shape (224 blocks of 128
+/// at one token) 1.38 / 1.42, and 3.3-9.9 at 16 and 64 tokens.
 inline constexpr int64_t kActSmallVecs = int64_t{1} << 18;
 /// Grid limits; the kernel loops when the problem needs more blocks than these.
 inline constexpr int64_t kActMaxGridX = int64_t{1} << 20;
@@ -153,7 +154,7 @@ gpuError_t act_and_mul_launch_vec(const Problem& p, gpuStream_t stream) {
   int64_t tx = 1;
   while (tx < num_vecs && tx < kActThreads) tx *= 2;
   int64_t ty = kActThreads / tx;
-  // With few rows, shrink the block so the grid still spreads over every SM.
+  // With few rows, shrink the block toward kActMinBlocks blocks.
   while (tx * ty > kActMinThreads &&
          ceil_div(p.num_tokens, ty) * ceil_div(num_vecs, tx) < kActMinBlocks) {
     if (ty > 1) {

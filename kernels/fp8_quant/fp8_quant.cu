@@ -7,13 +7,13 @@
 //   thread (16-byte loads, 4- or 8-byte fp8 stores); rows that are contiguous with each other are
 //   treated as one long row. Static: one tile a block, whose loads issue before the scale is
 //   read; at decode sizes a single (merged) row of fewer than 2^31 elements takes a kernel with
-//   half a vector a thread, no row division and 32-bit offsets. Dynamic per-tensor runs two kernels
-//   (per-block maxima into a workspace, then a quantization pass whose blocks each reduce those
-//   maxima to the scale) on one wave of resident blocks; an input that is one row of up to 4096
-//   vectors takes the per-token register-cached kernel (one block, one read), other small ones a
-//   single-block kernel. The workspace rather than an atomicMax on the scale's bits: nothing needs
-//   zeroing first (no memset launch, no reliance on the caller's scale), and the result does not
-//   depend on order.
+//   one load a thread (8 bytes for 16-bit inputs), no row division and 32-bit offsets. Dynamic
+//   per-tensor runs two kernels (per-block maxima into a workspace, then a quantization pass
+//   whose blocks each reduce those maxima to the scale) on one wave of resident blocks; an input
+//   that is one row of up to 4096 vectors takes the per-token register-cached kernel (one block,
+//   one read), other small ones a single-block kernel. The workspace rather than an atomicMax on
+//   the scale's bits: nothing needs zeroing first (no memset launch, no reliance on the caller's
+//   scale), and the result does not depend on order.
 // - Per token: rows of up to 4096 vectors stay in registers between the max reduction and the
 //   quantization (one read of the input); wider rows are read twice.
 // A row whose pointer or stride does not allow 16-byte vectors takes the one-element path.
@@ -570,14 +570,17 @@ gpuError_t launch_static_vec(const QuantProblem& p, gpuStream_t stream) {
   // bf16 at 0.93x of torch.compile's one-tile-a-program kernel.
   if (a.num_tiles == 0) return gpuSuccess;
   if (a.num_tiles < sm_count()) {
-    // Fewer tiles than SMs (decode sizes): half a vector a thread (no unrolled tile) in blocks
-    // of kDecodeBlock threads, so that the work spreads over eight times the threads. H200,
-    // bf16 x 8192, calls replayed back to back from a CUDA graph (2026-11-28, us, 1 / 16 / 64
-    // tokens): 1.30 / 1.35 / 1.57 against 1.31 / 1.46 / 1.60 for whole vectors in blocks of 128
-    // (the rule before; torch.compile 1.24 / 1.36 / 1.73); whole vectors in blocks of 256
-    // 1.34 / 1.37 / 1.59, half vectors in blocks of 128 1.29 / 1.44 / 1.73.
+    // Fewer tiles than SMs (decode sizes): one load a thread (no unrolled tile; half a vector
+    // for 16-bit inputs) in blocks of kDecodeBlock threads, so that the work spreads over eight
+    // times the threads (four for fp32). H200, bf16 x 8192, calls replayed back to back from a
+    // CUDA graph (2026-11-28, us, 1 / 16 / 64 tokens): 1.30 / 1.35 / 1.57 against 1.31 / 1.46 /
+    // 1.60 for whole vectors in blocks of 128 (the rule before; torch.compile 1.24 / 1.36 /
+    // 1.73); whole vectors in blocks of 256 1.34 / 1.37 / 1.59, half vectors in blocks of 128
+    // 1.29 / 1.44 / 1.73.
     constexpr int kDecodeBlock = 512;
-    constexpr int kDecodeVec = kVec == 8 ? 4 : kVec;  // fp8 stores of 1, 4 or 8 bytes
+    // fp32 keeps whole vectors: half of one would need 2-byte fp8 stores, which
+    // store_quantized does not make.
+    constexpr int kDecodeVec = kVec == 8 ? 4 : kVec;
     if (!make_tiles<T, kDecodeVec, kDecodeBlock, 1>(p, a)) return gpuErrorInvalidValue;
     if (a.num_tiles == a.tiles_per_row && a.vecs_per_row * kDecodeVec + a.tail <= INT32_MAX) {
       if (a.tail > 0) {

@@ -461,11 +461,16 @@ def _codegen_marlin():
     spec = importlib.util.spec_from_file_location("codegen_marlin", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up while it loads
-    path_before = sys.path[:]
+    path_before, modules_before = sys.path[:], set(sys.modules)
     try:
         spec.loader.exec_module(module)
     finally:
-        sys.path[:] = path_before  # the generator puts codegen/ first for its own imports
+        # The generator puts codegen/ first for its own imports (codegen/common.py as `common`):
+        # neither stays.
+        sys.path[:] = path_before
+        for name in set(sys.modules) - modules_before - {spec.name}:
+            if Path(getattr(sys.modules[name], "__file__", None) or "").parent == path.parent:
+                del sys.modules[name]
     return module
 
 
