@@ -118,9 +118,9 @@ def codegen_module(name: str):
         # The generator puts codegen/ first for its own imports (codegen/common.py as `common`):
         # neither stays.
         sys.path[:] = path_before
-        for name in set(sys.modules) - modules_before - {spec.name}:
-            if Path(getattr(sys.modules[name], "__file__", None) or "").parent == path.parent:
-                del sys.modules[name]
+        for loaded in set(sys.modules) - modules_before - {spec.name}:
+            if Path(getattr(sys.modules[loaded], "__file__", None) or "").parent == path.parent:
+                del sys.modules[loaded]
     return module
 
 
