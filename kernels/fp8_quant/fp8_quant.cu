@@ -578,7 +578,7 @@ gpuError_t launch_static_vec(const QuantProblem& p, gpuStream_t stream) {
     // 1.73); whole vectors in blocks of 256 1.34 / 1.37 / 1.59, half vectors in blocks of 128
     // 1.29 / 1.44 / 1.73. On an H100 (bench_kernels at efe8cea) 0.98 / 0.98 / 1.02x of
     // torch.compile so (1.00 / 1.02 / 1.04x by events), where half vectors in blocks of 128 had
-    // run 64 tokens at 0.96-0.99x by events (2026-11-28).
+    // run 64 tokens at 0.96-0.99x by events (2026-11-26).
     constexpr int kDecodeBlock = 512;
     // fp32 keeps whole vectors: half of one would need 2-byte fp8 stores, which
     // store_quantized does not make.
