@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -112,7 +113,10 @@ SWEEP_SHAPES = [(4096, 4096), (8192, 8192), (8192, 28672), (28672, 8192)]
 # (block rows, name) of every block shape codegen/marlin.py declares; the k2 shapes are 8-warp
 # twins of the 4-warp ones, the w shapes the sm_90a wgmma blocks and m16n256t the sm_90a TMA-fed
 # decode block (built for 9.0a only).
-BLOCK_SHAPES = [(shape.rows, shape.name) for shape in harness.codegen_module("marlin").SHAPES]
+BLOCK_SHAPES = [
+    (int(re.match(r"m(\d+)", name)[1]), name)
+    for name in harness.generator_choices("marlin")["shapes"]
+]
 # Config suffixes per block shape: none (the heuristic's split), ":<splits>" (split-K) and ":sk"
 # (stream-K over the blocks resident at once).
 SPLITS = [None, 1, 2, 3, 4, 6, 8, 12, 16, 24, "sk"]

@@ -5,7 +5,6 @@ JSON under benchmarks/results/ with the device, date and commit."""
 from __future__ import annotations
 
 import datetime
-import importlib.util
 import json
 import os
 import platform
@@ -105,23 +104,15 @@ def graph_ms(fn, calls: int = 50, reps: int = 40) -> float | None:
     return statistics.median(times)
 
 
-def codegen_module(name: str):
-    """codegen/<name>.py as a module (its declarations: e.g. marlin's block SHAPES)."""
-    path = RESULTS.parent.parent / "codegen" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"codegen_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up while it loads
-    path_before, modules_before = sys.path[:], set(sys.modules)
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        # The generator puts codegen/ first for its own imports (codegen/common.py as `common`):
-        # neither stays.
-        sys.path[:] = path_before
-        for loaded in set(sys.modules) - modules_before - {spec.name}:
-            if Path(getattr(sys.modules[loaded], "__file__", None) or "").parent == path.parent:
-                del sys.modules[loaded]
-    return module
+def generator_choices(name: str) -> dict[str, list[str]]:
+    """The values each option of codegen/<name>.py accepts, from its --describe (e.g. marlin's
+    block shapes)."""
+    generator = RESULTS.parent.parent / "codegen" / f"{name}.py"
+    cmd = [sys.executable, str(generator), "--out-dir", "unused", "--archs", "9.0a", "--describe"]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"codegen/{name}.py --describe failed:\n{proc.stderr}")
+    return json.loads(proc.stdout)["choices"]
 
 
 def device_name(device: str) -> str:

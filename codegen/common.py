@@ -3,7 +3,8 @@ and writing files only when their content changes.
 
 A generator module declares its templates and a ``render(request)`` that returns
 ``{file name: content}``, then calls :func:`main`. CMake (cmake/codegen.cmake) runs it twice:
-``--describe`` at configure time, to learn the explicit output list and the inputs, and
+``--describe`` at configure time, to learn the explicit output list and the inputs (it also lists
+the values each option accepts, for readers such as the tests), and
 without it at build time, to write the files.
 """
 
@@ -30,12 +31,18 @@ class Request:
 
     archs: tuple[str, ...]
     options: dict[str, str] = field(default_factory=dict)
+    # What option_list was asked for: every value each option accepts ("--describe" prints it).
+    choices: dict[str, list[str]] = field(default_factory=dict)
 
-    def option_list(self, key: str, allowed: list[str]) -> list[str]:
-        """A comma-separated option restricted to `allowed`; all of them when not given."""
+    def option_list(
+        self, key: str, allowed: list[str], default: list[str] | None = None
+    ) -> list[str]:
+        """A comma-separated option restricted to `allowed`; `default` (all of `allowed` unless
+        given) when the option is not."""
+        self.choices[key] = list(allowed)
         value = self.options.get(key)
         if value is None:
-            return list(allowed)
+            return list(allowed if default is None else default)
         chosen = [v.strip() for v in value.split(",") if v.strip()]
         unknown = sorted(set(chosen) - set(allowed))
         if unknown or not chosen:
@@ -114,7 +121,11 @@ def main(
     parser.add_argument("--out-dir", type=Path, required=True)
     parser.add_argument("--archs", default="", help="the archs the family is built for")
     parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE")
-    parser.add_argument("--describe", action="store_true", help="print outputs and inputs")
+    parser.add_argument(
+        "--describe",
+        action="store_true",
+        help="print the outputs, the inputs and the values each option accepts, as JSON",
+    )
     args = parser.parse_args()
 
     options = {}
@@ -142,7 +153,8 @@ def main(
 
     files = render(request)
     if args.describe:
-        print(json.dumps({"outputs": sorted(files), "inputs": [str(p) for p in inputs]}))
+        described = {"outputs": sorted(files), "inputs": [str(p) for p in inputs]}
+        print(json.dumps({**described, "choices": request.choices}))
         return
 
     out_dir: Path = args.out_dir

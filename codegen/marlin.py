@@ -136,10 +136,8 @@ def grid(request: common.Request) -> list[tuple[DType, Weight, Group, Shape]]:
     dtypes = request.option_list("dtypes", [d.name for d in DTYPES])
     weights = request.option_list("weights", [w.name for w in WEIGHTS])
     groups = request.option_list("groups", [g.name for g in GROUPS])
-    shapes = (
-        request.option_list("shapes", [s.name for s in SHAPES])
-        if "shapes" in request.options
-        else [s.name for s in DEFAULT_SHAPES]
+    shapes = request.option_list(
+        "shapes", [s.name for s in SHAPES], default=[s.name for s in DEFAULT_SHAPES]
     )
     if not any(a.split("+")[0] == WGMMA_ARCH for a in request.archs):
         sm90a = [s.name for s in SHAPES if s.sm90a and s.name in shapes]

@@ -51,6 +51,12 @@ def test_describe_lists_outputs_and_inputs(codegen, tmp_path):
         "activation_instance.cu.j2",
         "activation_dispatch.cu.j2",
     } <= names
+    # Every value each option accepts, whatever the request narrows to; the full grid is theirs.
+    kinds, dtypes = desc["choices"]["kinds"], desc["choices"]["dtypes"]
+    instances = {f"activation_{k}_{d}.cu" for k in kinds for d in dtypes}
+    assert instances | {"activation_dispatch.cu"} == set(desc["outputs"])
+    narrowed = generate(codegen, tmp_path / "o", "--option", "dtypes=bf16", "--describe")
+    assert json.loads(narrowed.stdout)["choices"] == desc["choices"]
     assert not (tmp_path / "o").exists(), "--describe must not write"
 
 

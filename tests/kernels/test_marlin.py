@@ -2,7 +2,6 @@
 layout (on every device the build serves, the CPU included); the GEMM (CUDA only) against the
 fp32 reference a @ dequant(w), by norm-wise relative error."""
 
-import importlib.util
 import json
 import re
 import subprocess
@@ -455,28 +454,28 @@ def test_gemm_small_workspace_does_not_split(device):
     assert rel_error(out, marlin.gemm_ref(a, layer["w_ref"])) < TOL[torch.float16]
 
 
-def _codegen_marlin():
-    """codegen/marlin.py as a module: its SHAPES are the block shapes the family can build."""
-    path = Path(__file__).resolve().parents[2] / "codegen" / "marlin.py"
-    spec = importlib.util.spec_from_file_location("codegen_marlin", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up while it loads
-    path_before, modules_before = sys.path[:], set(sys.modules)
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        # The generator puts codegen/ first for its own imports (codegen/common.py as `common`):
-        # neither stays.
-        sys.path[:] = path_before
-        for name in set(sys.modules) - modules_before - {spec.name}:
-            if Path(getattr(sys.modules[name], "__file__", None) or "").parent == path.parent:
-                del sys.modules[name]
-    return module
+GENERATOR = Path(__file__).resolve().parents[2] / "codegen" / "marlin.py"
+
+
+def describe_generator(*options: str, archs: str = "9.0a") -> subprocess.CompletedProcess:
+    """codegen/marlin.py --describe under `options` (KEY=VALUE): on success its stdout is the JSON
+    of the files it would write and the values each option accepts (it writes nothing)."""
+    cmd = [sys.executable, str(GENERATOR), "--out-dir", "unused", "--archs", archs, "--describe"]
+    for opt in options:
+        cmd += ["--option", opt]
+    return subprocess.run(cmd, capture_output=True, text=True)
+
+
+def _shape_choices() -> list[str]:
+    proc = describe_generator()
+    if proc.returncode != 0:
+        raise RuntimeError(f"codegen/marlin.py --describe failed:\n{proc.stderr}")
+    return json.loads(proc.stdout)["choices"]["shapes"]
 
 
 # Every block shape of the grid (the sm_90a wgmma and TMA-fed blocks are built for 9.0a only, the
 # k2 twins only where the shapes option names them; unbuilt ones skip).
-BLOCK_SHAPES = [shape.name for shape in _codegen_marlin().SHAPES]
+BLOCK_SHAPES = _shape_choices()
 
 
 def check_forced(device, monkeypatch, config, n, m, weight_type="uint4", layer=None, a=None):
@@ -808,18 +807,9 @@ def test_gemm_compile(device):
 # --- codegen (no device needed) -------------------------------------------------------------
 
 
-def run_generator(tmp_path, *options):
-    gen = Path(__file__).resolve().parents[2] / "codegen" / "marlin.py"
-    cmd = [sys.executable, str(gen), "--out-dir", str(tmp_path / "o"), "--archs", "9.0a"]
-    for opt in options:
-        cmd += ["--option", opt]
-    proc = subprocess.run(cmd + ["--describe"], capture_output=True, text=True)
-    return proc, json.loads
-
-
-def test_codegen_grid_and_narrowing(tmp_path):
-    proc, loads = run_generator(tmp_path)
-    outputs = loads(proc.stdout)["outputs"]
+def test_codegen_grid_and_narrowing():
+    proc = describe_generator()
+    outputs = json.loads(proc.stdout)["outputs"]
     # 2 dtypes x 2 weight types x 2 group modes x 8 default block shapes (4 mma.sync, 3 wgmma
     # and the TMA-fed decode block for 9.0a), plus the dispatch.
     assert len(outputs) == 2 * 2 * 2 * 8 + 1 and "marlin_dispatch.cu" in outputs
@@ -828,28 +818,28 @@ def test_codegen_grid_and_narrowing(tmp_path):
     assert "marlin_f16_uint4_channel_m16n256t.cu" in outputs
     assert "marlin_bf16_uint4_grouped_m16n256.cu" in outputs
     assert not any("k2" in o for o in outputs), "the k-split shapes are built when named"
-    proc, loads = run_generator(tmp_path, "dtypes=bf16", "groups=grouped")
-    narrowed = loads(proc.stdout)["outputs"]
+    # --describe lists every value an option accepts, the k2 shapes the default leaves out too.
+    choices = json.loads(proc.stdout)["choices"]
+    assert choices["dtypes"] == ["f16", "bf16"] and choices["groups"] == ["grouped", "channel"]
+    built = {o.rsplit("_", 1)[1].removesuffix(".cu") for o in outputs if o != "marlin_dispatch.cu"}
+    assert built < set(choices["shapes"]) and {"m32n256k2", "m64n256k2"} <= set(choices["shapes"])
+    proc = describe_generator("dtypes=bf16", "groups=grouped")
+    narrowed = json.loads(proc.stdout)["outputs"]
     assert len(narrowed) == 2 * 8 + 1
     assert all("_f16_" not in o and "_channel_" not in o for o in narrowed)
-    proc, loads = run_generator(tmp_path, "dtypes=bf16", "groups=grouped", "shapes=m64n256k2")
-    assert loads(proc.stdout)["outputs"] == [
+    proc = describe_generator("dtypes=bf16", "groups=grouped", "shapes=m64n256k2")
+    assert json.loads(proc.stdout)["outputs"] == [
         "marlin_bf16_uint4_grouped_m64n256k2.cu",
         "marlin_bf16_uint4b8_grouped_m64n256k2.cu",
         "marlin_dispatch.cu",
     ]
 
 
-def test_codegen_sm90a_shapes_need_sm90a(tmp_path):
+def test_codegen_sm90a_shapes_need_sm90a():
     # The wgmma and TMA-fed blocks exist only where the family is built for 9.0a; naming them
     # otherwise is an error that says which arch to request.
-    gen = Path(__file__).resolve().parents[2] / "codegen" / "marlin.py"
-
     def outputs(archs, *options):
-        cmd = [sys.executable, str(gen), "--out-dir", str(tmp_path / "o"), "--archs", archs]
-        for opt in options:
-            cmd += ["--option", opt]
-        return subprocess.run(cmd + ["--describe"], capture_output=True, text=True)
+        return describe_generator(*options, archs=archs)
 
     for archs in ("8.0 9.0", "9.0", "8.0 8.9 10.0 12.0+PTX"):
         proc = outputs(archs)
@@ -865,8 +855,8 @@ def test_codegen_sm90a_shapes_need_sm90a(tmp_path):
         assert proc.returncode != 0 and shape in proc.stderr and "9.0a" in proc.stderr
 
 
-def test_codegen_rejects_bad_options(tmp_path):
-    proc, _ = run_generator(tmp_path, "groups=per_tensor")
+def test_codegen_rejects_bad_options():
+    proc = describe_generator("groups=per_tensor")
     assert proc.returncode != 0 and "grouped,channel" in proc.stderr
-    proc, _ = run_generator(tmp_path, "backend=rocm")
+    proc = describe_generator("backend=rocm")
     assert proc.returncode != 0 and "CUDA-only" in proc.stderr
