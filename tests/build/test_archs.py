@@ -269,7 +269,7 @@ _ERROR_JOBS = [_error_defines("parse", s, n) for s, n, _ in PARSE_ERROR_CASES] +
 ]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _error_messages():
     workers = min(len(_ERROR_JOBS), 8, max(2, os.cpu_count() or 2))
     with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
@@ -289,7 +289,7 @@ def _shuffled(lst, seed):
     return ";".join(items)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _intersect_results():
     """All intersection cases, each also with shuffled inputs, in one run."""
     cases = []
@@ -306,7 +306,7 @@ def _intersect_results():
     return [tuple(flat[3 * i : 3 * i + 3]) for i in range(len(INTERSECT_CASES))]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _batched(op, key, values):
     return _run_batch(op, [{key: v} for v in values])
 
@@ -333,7 +333,7 @@ def test_intersect_inputs_are_normalised():
     # accepts unchanged (the shuffled ones are allowed to be out of order).
     lists = sorted({x for c in INTERSECT_CASES for x in c if x})
     got = _batched("parse", "ARCHS", tuple(lists))
-    for given, parsed in zip(lists, got):
+    for given, parsed in zip(lists, got, strict=True):
         assert sorted(parsed.split(";")) == sorted(given.split(";")), given
 
 

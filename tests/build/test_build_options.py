@@ -2,7 +2,6 @@
 what was expected (aphrodite_ext/build_options.py, which setup.py runs first)."""
 
 import pytest
-
 from conftest import build_options as bo
 
 CPU_TORCH = bo.TorchFacts("2.13.0+cpu", None, None, False)

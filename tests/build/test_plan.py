@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import build_options
 
 BuildOptionError, find_cmake, find_nvcc = (
@@ -198,12 +197,15 @@ def test_cmake_rejects_unknown_device(tmp_path):
     assert "not a backend; use one of: auto, cuda, rocm, cpu" in " ".join(proc.stderr.split())
 
 
-@pytest.mark.parametrize("requested, built, options, files", [
-    ("7.5 8.0 8.6 8.9 9.0a 10.0a 12.0+PTX", "8.0 8.6 8.9 9.0a 10.0a 12.0+PTX", "", 64 + 1),
-    ("8.0 9.0 12.0", "8.0 9.0 12.0", "", 32 + 1),
-    ("9.0a", "9.0a", "marlin.dtypes=bf16;marlin.groups=grouped", 2 * 8 + 1),
-    ("7.5", "", "", 0),
-])
+@pytest.mark.parametrize(
+    "requested, built, options, files",
+    [
+        ("7.5 8.0 8.6 8.9 9.0a 10.0a 12.0+PTX", "8.0 8.6 8.9 9.0a 10.0a 12.0+PTX", "", 64 + 1),
+        ("8.0 9.0 12.0", "8.0 9.0 12.0", "", 32 + 1),
+        ("9.0a", "9.0a", "marlin.dtypes=bf16;marlin.groups=grouped", 2 * 8 + 1),
+        ("7.5", "", "", 0),
+    ],
+)
 def test_marlin_family_archs_and_grid(tmp_path, requested, built, options, files):
     # Marlin needs sm_80+ (mma.sync bf16, cp.async): 7.5 alone skips it with its reason; the
     # generator options narrow the instantiation grid (files = instances + the dispatch table):
