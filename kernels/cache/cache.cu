@@ -388,10 +388,11 @@ __global__ void __launch_bounds__(kThreads) reshape_and_cache_one_step_kernel(co
   // slots).
   const int kt = static_cast<int>(a.div(OneStepArgs::kKeyDiv).div(static_cast<uint32_t>(i)));
   const int kc = i - kt * key_n;
+  // kValueRows: log2(G), G lanes a token (the shifts' fourth byte).
+  const int log_g = kValueRows ? static_cast<int>(a.shifts >> 24) : 0;
   int vt, vc;
   if constexpr (kValueRows) {
     // Warp w: token group w / d_blocks, piece group w % d_blocks (kValueDiv: d_blocks).
-    const int log_g = static_cast<int>(a.shifts >> 24);
     const int w = i >> 5, lane = i & 31;
     const int tg = static_cast<int>(a.div(OneStepArgs::kValueDiv).div(static_cast<uint32_t>(w)));
     const int db = w - tg * (value_n >> log_g);
@@ -447,7 +448,6 @@ __global__ void __launch_bounds__(kThreads) reshape_and_cache_one_step_kernel(co
     // Every lane shuffles (a token's G lanes are all inside the tile or all past it): lane p of
     // a token's G gets elements p and G + p of the token's 2G, held as pairs by lanes p / 2 and
     // G / 2 + p / 2.
-    const int log_g = static_cast<int>(a.shifts >> 24);
     const int g = 1 << log_g;
     const int p = static_cast<int>(threadIdx.x) & (g - 1);
     const uint32_t pair = *reinterpret_cast<const uint32_t*>(v_in.v);
