@@ -10,6 +10,7 @@
 #include "activation/activation.h"
 #include "common/fast_div.h"
 #include "common/gpu.h"
+#include "common/launch.cuh"
 #include "common/vec.cuh"
 
 namespace aphrodite::activation {
@@ -110,6 +111,7 @@ __global__ void __launch_bounds__(kActThreads, act_min_blocks(K))
                           static_cast<Index>(threadIdx.x);
   const Index row_begin = static_cast<Index>(blockIdx.y) * static_cast<Index>(blockDim.y) +
                           static_cast<Index>(threadIdx.y);
+  pdl_prologue();
   if constexpr (!kGridStride) {
     if (row_begin >= num_tokens || col_begin >= num_vecs) return;
     const Index x = row_begin * in_row_stride + col_begin * kVec;
@@ -170,16 +172,17 @@ gpuError_t act_and_mul_launch_vec(const Problem& p, gpuStream_t stream) {
   const T* in = static_cast<const T*>(p.input);
   if (grid_x <= kActMaxGridX && grid_y <= kActMaxGridY && act_offsets_fit_int(p)) {
     const dim3 grid(static_cast<unsigned>(grid_x), static_cast<unsigned>(grid_y));
-    act_and_mul_kernel<K, T, kVec, int, false><<<grid, block, 0, stream>>>(
-        out, in, static_cast<int>(p.num_tokens), static_cast<int>(p.d), static_cast<int>(num_vecs),
-        static_cast<int>(p.out_row_stride), static_cast<int>(p.input_row_stride));
+    return launch_kernel<act_and_mul_kernel<K, T, kVec, int, false>>(
+        grid, block, 0, stream, out, in, static_cast<int>(p.num_tokens), static_cast<int>(p.d),
+        static_cast<int>(num_vecs), static_cast<int>(p.out_row_stride),
+        static_cast<int>(p.input_row_stride));
   } else {
     const dim3 grid(static_cast<unsigned>(grid_x < kActMaxGridX ? grid_x : kActMaxGridX),
                     static_cast<unsigned>(grid_y < kActMaxGridY ? grid_y : kActMaxGridY));
-    act_and_mul_kernel<K, T, kVec, int64_t, true><<<grid, block, 0, stream>>>(
-        out, in, p.num_tokens, p.d, num_vecs, p.out_row_stride, p.input_row_stride);
+    return launch_kernel<act_and_mul_kernel<K, T, kVec, int64_t, true>>(
+        grid, block, 0, stream, out, in, p.num_tokens, p.d, num_vecs, p.out_row_stride,
+        p.input_row_stride);
   }
-  return gpuGetLastError();
 }
 
 }  // namespace detail

@@ -27,6 +27,7 @@
 
 #include "common/fast_div.h"
 #include "common/gpu.h"
+#include "common/launch.cuh"
 #include "common/vec.cuh"
 #if !defined(USE_ROCM)
 #include "common/fp8.h"
@@ -229,6 +230,7 @@ template <typename In, typename Out, bool kFlash, bool kVec, bool kFineValues = 
 __global__ void __launch_bounds__(kThreads)
     reshape_and_cache_kernel(const ReshapeAndCacheProblem p, const int block_shift,
                              const WalkDivs divs) {
+  pdl_prologue();
   using P = Pieces<In, Out, kFlash, kVec, kFineValues>;
   constexpr int kX = P::kX, kCh = P::kCh, kVe = P::kVe;
 
@@ -372,6 +374,7 @@ __device__ __forceinline__ int slot_row32(int64_t slot, int num_slots, const Fas
 /// where the slots are scattered.
 template <typename In, typename Out, bool kFlash, bool kVec, bool kFineValues, bool kValueRows>
 __global__ void __launch_bounds__(kThreads) reshape_and_cache_one_step_kernel(const OneStepArgs a) {
+  pdl_prologue();
   static_assert(!kValueRows || (kFineValues && sizeof(In) == 2),
                 "value rows move 16-bit values in 4-byte pieces");
   using P = Pieces<In, Out, kFlash, kVec, kFineValues>;
@@ -607,9 +610,10 @@ gpuError_t launch_reshape_typed(const ReshapeAndCacheProblem& p, gpuStream_t str
     with_flags([&](auto flash_, auto vec_, auto fine_) {
       constexpr bool kFine = decltype(fine_)::value;
       auto launch = [&](auto rows_) {
-        reshape_and_cache_one_step_kernel<In, Out, decltype(flash_)::value, decltype(vec_)::value,
-                                          kFine, decltype(rows_)::value>
-            <<<grid, block, 0, stream>>>(a);
+        launch_kernel<reshape_and_cache_one_step_kernel<In, Out, decltype(flash_)::value,
+                                                        decltype(vec_)::value, kFine,
+                                                        decltype(rows_)::value>>(grid, block, 0,
+                                                                                 stream, a);
       };
       if constexpr (kFine) {
         value_rows ? launch(std::true_type{}) : launch(std::false_type{});
@@ -621,9 +625,9 @@ gpuError_t launch_reshape_typed(const ReshapeAndCacheProblem& p, gpuStream_t str
     const WalkDivs divs{key_div, div_by(p.head_size / value_piece), div_by(kTileTokens),
                         div_by(last_tile)};
     with_flags([&](auto flash_, auto vec_, auto fine_) {
-      reshape_and_cache_kernel<In, Out, decltype(flash_)::value, decltype(vec_)::value,
-                               decltype(fine_)::value>
-          <<<grid, block, 0, stream>>>(p, block_shift, divs);
+      launch_kernel<reshape_and_cache_kernel<In, Out, decltype(flash_)::value,
+                                             decltype(vec_)::value, decltype(fine_)::value>>(
+          grid, block, 0, stream, p, block_shift, divs);
     });
   }
   return gpuGetLastError();
@@ -631,6 +635,7 @@ gpuError_t launch_reshape_typed(const ReshapeAndCacheProblem& p, gpuStream_t str
 
 template <typename V>
 __global__ void __launch_bounds__(kThreads) copy_blocks_kernel(const CopyBlocksProblem p) {
+  pdl_prologue();
   const int64_t pair = blockIdx.x;
   const bool is_value = blockIdx.z != 0;
   const int64_t src = p.block_mapping[2 * pair];
@@ -647,7 +652,7 @@ __global__ void __launch_bounds__(kThreads) copy_blocks_kernel(const CopyBlocksP
 template <typename V>
 gpuError_t launch_copy_typed(const CopyBlocksProblem& p, gpuStream_t stream) {
   const dim3 grid(static_cast<unsigned>(p.num_pairs), static_cast<unsigned>(p.num_layers), 2);
-  copy_blocks_kernel<V><<<grid, kThreads, 0, stream>>>(p);
+  launch_kernel<copy_blocks_kernel<V>>(grid, kThreads, 0, stream, p);
   return gpuGetLastError();
 }
 

@@ -28,6 +28,7 @@
 #include "common/fast_div.h"
 #include "common/fp8.h"
 #include "common/gpu.h"
+#include "common/launch.cuh"
 #include "common/vec.cuh"
 
 namespace aphrodite::fp8_quant {
@@ -266,6 +267,7 @@ __device__ __forceinline__ void tiles_quantize(const Tiles<T>& a, const Divisor&
 /// scale gives +-448 (and NaN for 0 / 0), as the reference's division does.
 template <typename T, int kVec, int kU, int kBlock = kThreads>
 __global__ void __launch_bounds__(kBlock) static_quant_kernel(const Tiles<T> a) {
+  pdl_prologue();
   const auto l = load_tile<T, kVec, kBlock, kU>(a, blockIdx.x);
   const Divisor div(*a.scale);
   const QuantizeFns<T, kVec> fns{a, div};
@@ -277,6 +279,7 @@ __global__ void __launch_bounds__(kBlock) static_quant_kernel(const Tiles<T> a) 
 /// offset is a 32-bit int. kTail: the row has tail elements, which the last block takes.
 template <typename T, int kVec, int kBlock, bool kTail>
 __global__ void __launch_bounds__(kBlock) static_quant_row_kernel(const Tiles<T> a) {
+  pdl_prologue();
   using V = Vec<T, kVec>;
   const int vecs = static_cast<int>(a.vecs_per_row);
   const int c = static_cast<int>(blockIdx.x) * kBlock + static_cast<int>(threadIdx.x);
@@ -300,6 +303,7 @@ __device__ __forceinline__ float safe_divisor(float scale) { return scale > 0.0f
 /// Dynamic per-tensor, pass 1: each block's max |x| into partials[blockIdx.x].
 template <typename T, int kVec>
 __global__ void __launch_bounds__(kThreads) absmax_partials_kernel(const Tiles<T> a) {
+  pdl_prologue();
   __shared__ float smem[kThreads / APHRODITE_WARP_SIZE];
   const float m =
       block_max<kThreads>(tiles_absmax<T, kVec, kThreads>(a, blockIdx.x, gridDim.x), smem);
@@ -310,6 +314,7 @@ __global__ void __launch_bounds__(kThreads) absmax_partials_kernel(const Tiles<T
 /// stores it), then quantizes its tiles with it.
 template <typename T, int kVec>
 __global__ void __launch_bounds__(kThreads) dynamic_quant_kernel(const Tiles<T> a) {
+  pdl_prologue();
   __shared__ float smem[kThreads / APHRODITE_WARP_SIZE];
   float m = 0.0f;
   for (int i = threadIdx.x; i < a.num_partials; i += kThreads) m = fmaxf(m, a.partials[i]);
@@ -321,6 +326,7 @@ __global__ void __launch_bounds__(kThreads) dynamic_quant_kernel(const Tiles<T> 
 /// Dynamic per-tensor in one block: the max, the scale, then the quantization.
 template <typename T, int kVec>
 __global__ void __launch_bounds__(kSmallThreads) dynamic_quant_small_kernel(const Tiles<T> a) {
+  pdl_prologue();
   __shared__ float smem[kSmallThreads / APHRODITE_WARP_SIZE];
   const float scale =
       tensor_scale(block_max<kSmallThreads>(tiles_absmax<T, kVec, kSmallThreads>(a, 0, 1), smem));
@@ -380,6 +386,7 @@ __device__ __forceinline__ float load_scale_ub(const float* scale_ub) {
 /// scale is max / 448 and an all-zero row divides by 1, as in the tiled kernels.
 template <typename T, int kVec, int kCache, bool kPerTensor = false>
 __global__ void __launch_bounds__(kMaxRowThreads) per_token_cached_kernel(const Rows<T> a) {
+  pdl_prologue();
   using V = Vec<T, kVec>;
   __shared__ float smem[kMaxRowThreads / APHRODITE_WARP_SIZE];
   const float ub = kPerTensor ? 0.0f : load_scale_ub(a.scale_ub);
@@ -430,6 +437,7 @@ __global__ void __launch_bounds__(kMaxRowThreads) per_token_cached_kernel(const 
 /// re-reads the row and quantizes it. kStreamBatch vectors per thread are loaded together.
 template <typename T, int kVec>
 __global__ void __launch_bounds__(kMaxRowThreads) per_token_streaming_kernel(const Rows<T> a) {
+  pdl_prologue();
   using V = Vec<T, kVec>;
   __shared__ float smem[kMaxRowThreads / APHRODITE_WARP_SIZE];
   const int tx = static_cast<int>(blockDim.x);
@@ -586,18 +594,18 @@ gpuError_t launch_static_vec(const QuantProblem& p, gpuStream_t stream) {
     if (!make_tiles<T, kDecodeVec, kDecodeBlock, 1>(p, a)) return gpuErrorInvalidValue;
     if (a.num_tiles == a.tiles_per_row && a.vecs_per_row * kDecodeVec + a.tail <= INT32_MAX) {
       if (a.tail > 0) {
-        static_quant_row_kernel<T, kDecodeVec, kDecodeBlock, true>
-            <<<a.num_tiles, kDecodeBlock, 0, stream>>>(a);
+        launch_kernel<static_quant_row_kernel<T, kDecodeVec, kDecodeBlock, true>>(
+            a.num_tiles, kDecodeBlock, 0, stream, a);
       } else {
-        static_quant_row_kernel<T, kDecodeVec, kDecodeBlock, false>
-            <<<a.num_tiles, kDecodeBlock, 0, stream>>>(a);
+        launch_kernel<static_quant_row_kernel<T, kDecodeVec, kDecodeBlock, false>>(
+            a.num_tiles, kDecodeBlock, 0, stream, a);
       }
     } else {
-      static_quant_kernel<T, kDecodeVec, 1, kDecodeBlock>
-          <<<a.num_tiles, kDecodeBlock, 0, stream>>>(a);
+      launch_kernel<static_quant_kernel<T, kDecodeVec, 1, kDecodeBlock>>(a.num_tiles, kDecodeBlock,
+                                                                         0, stream, a);
     }
   } else {
-    static_quant_kernel<T, kVec, kUnroll><<<a.num_tiles, kThreads, 0, stream>>>(a);
+    launch_kernel<static_quant_kernel<T, kVec, kUnroll>>(a.num_tiles, kThreads, 0, stream, a);
   }
   return gpuGetLastError();
 }
@@ -609,9 +617,9 @@ gpuError_t launch_per_token_kernel(const Rows<T>& a, int64_t tx, int64_t ty, gpu
   const dim3 grid(static_cast<unsigned>(blocks));
   const dim3 block(static_cast<unsigned>(tx), static_cast<unsigned>(ty));
   if constexpr (kCache == 0) {
-    per_token_streaming_kernel<T, kVec><<<grid, block, 0, stream>>>(a);
+    launch_kernel<per_token_streaming_kernel<T, kVec>>(grid, block, 0, stream, a);
   } else {
-    per_token_cached_kernel<T, kVec, kCache, kPerTensor><<<grid, block, 0, stream>>>(a);
+    launch_kernel<per_token_cached_kernel<T, kVec, kCache, kPerTensor>>(grid, block, 0, stream, a);
   }
   return gpuGetLastError();
 }
@@ -722,7 +730,7 @@ gpuError_t launch_dynamic_vec(const QuantProblem& p, gpuStream_t stream) {
   if (!make_tiles<T, kVec, kSmallThreads>(p, small)) return gpuErrorInvalidValue;
   if (small.num_tiles <= kSmallTiles) {
     // Also the path of an empty input, which still writes its scale (0).
-    dynamic_quant_small_kernel<T, kVec><<<1, kSmallThreads, 0, stream>>>(small);
+    launch_kernel<dynamic_quant_small_kernel<T, kVec>>(1, kSmallThreads, 0, stream, small);
     return gpuGetLastError();
   }
   Tiles<T> a;
@@ -735,12 +743,13 @@ gpuError_t launch_dynamic_vec(const QuantProblem& p, gpuStream_t stream) {
       a.num_tiles, sms * resident_blocks(absmax_per_sm, absmax_partials_kernel<T, kVec>, kThreads));
   if (partials > kMaxPartials) partials = kMaxPartials;
   a.num_partials = static_cast<int>(partials);
-  absmax_partials_kernel<T, kVec><<<static_cast<unsigned>(partials), kThreads, 0, stream>>>(a);
+  launch_kernel<absmax_partials_kernel<T, kVec>>(static_cast<unsigned>(partials), kThreads, 0,
+                                                 stream, a);
   const gpuError_t err = gpuGetLastError();
   if (err != gpuSuccess) return err;
   const int64_t grid = grid_for(
       a.num_tiles, sms * resident_blocks(quant_per_sm, dynamic_quant_kernel<T, kVec>, kThreads));
-  dynamic_quant_kernel<T, kVec><<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(a);
+  launch_kernel<dynamic_quant_kernel<T, kVec>>(static_cast<unsigned>(grid), kThreads, 0, stream, a);
   return gpuGetLastError();
 }
 

@@ -14,6 +14,7 @@
 
 #include "common/fast_div.h"
 #include "common/gpu.h"
+#include "common/launch.cuh"
 #include "common/vec.cuh"
 
 namespace aphrodite::layernorm {
@@ -179,6 +180,7 @@ template <typename T, int kVec, int kCache, bool kPipelined, bool kIdx32 = false
           bool kFull = false>
 __global__ void __launch_bounds__(kMaxCachedThreads, rms_min_blocks(kCache, kPipelined))
     rms_norm_cached_kernel(const NormArgs<T> a) {
+  pdl_prologue();
   static_assert(!(kPipelined && (kIdx32 || kFull)), "the pipelined kernel loops over rows");
   using V = Vec<T, kVec>;
   using Index = std::conditional_t<kIdx32, int, int64_t>;
@@ -293,6 +295,7 @@ __global__ void __launch_bounds__(kMaxCachedThreads, rms_min_blocks(kCache, kPip
 template <typename T, int kVec, int kChunks>
 __global__ void __launch_bounds__(kTwoPassThreads, kChunks <= 2 ? 4 : 2)
     rms_norm_two_pass_kernel(const NormArgs<T> a) {
+  pdl_prologue();
   using V = Vec<T, kVec>;
   __shared__ float smem[32];
   const int num_vecs = a.num_vecs;
@@ -337,6 +340,7 @@ __global__ void __launch_bounds__(kTwoPassThreads, kChunks <= 2 ? 4 : 2)
 template <typename T, int kVec, int kCache, bool kIdx32 = false, bool kFull = false>
 __global__ void __launch_bounds__(kMaxCachedThreads)
     fused_add_rms_norm_cached_kernel(const NormArgs<T> a) {
+  pdl_prologue();
   static_assert(kIdx32 || !kFull, "kFull needs the grid to cover the rows");
   using V = Vec<T, kVec>;
   using Index = std::conditional_t<kIdx32, int, int64_t>;
@@ -406,6 +410,7 @@ __global__ void __launch_bounds__(kMaxCachedThreads)
 /// together.
 template <typename T, int kVec, bool kFused>
 __global__ void __launch_bounds__(kStreamThreads) rms_norm_streaming_kernel(const NormArgs<T> a) {
+  pdl_prologue();
   using V = Vec<T, kVec>;
   __shared__ float smem[32];
   const int num_vecs = a.num_vecs;
@@ -496,10 +501,11 @@ gpuError_t launch_cached_one_row(const NormArgs<T>& a, int64_t blocks, int64_t t
   auto launch = [&](auto idx32_tag, auto full_tag) {
     constexpr bool kIdx32 = decltype(idx32_tag)::value, kFull = decltype(full_tag)::value;
     if constexpr (kFused) {
-      fused_add_rms_norm_cached_kernel<T, kVec, kCache, kIdx32, kFull>
-          <<<grid, block, 0, stream>>>(a);
+      launch_kernel<fused_add_rms_norm_cached_kernel<T, kVec, kCache, kIdx32, kFull>>(grid, block,
+                                                                                      0, stream, a);
     } else {
-      rms_norm_cached_kernel<T, kVec, kCache, false, kIdx32, kFull><<<grid, block, 0, stream>>>(a);
+      launch_kernel<rms_norm_cached_kernel<T, kVec, kCache, false, kIdx32, kFull>>(grid, block, 0,
+                                                                                   stream, a);
     }
   };
   if (full) {
@@ -513,7 +519,7 @@ gpuError_t launch_cached_one_row(const NormArgs<T>& a, int64_t blocks, int64_t t
 }
 
 template <typename T, int kVec, int kCache, bool kFused>
-gpuError_t launch_kernel(const NormArgs<T>& a, int64_t tx, int64_t ty, gpuStream_t stream) {
+gpuError_t launch_norm(const NormArgs<T>& a, int64_t tx, int64_t ty, gpuStream_t stream) {
   int64_t blocks = ceil_div(a.rows, ty);
   const bool pipelined = blocks > kPipelineMinBlocks;
   if (kCache > 0 && !kFused && pipelined) blocks = ceil_div(blocks, 2);
@@ -521,11 +527,11 @@ gpuError_t launch_kernel(const NormArgs<T>& a, int64_t tx, int64_t ty, gpuStream
   const dim3 grid(static_cast<unsigned>(blocks));
   const dim3 block(static_cast<unsigned>(tx), static_cast<unsigned>(ty));
   if constexpr (kCache == 0) {
-    rms_norm_streaming_kernel<T, kVec, kFused><<<grid, block, 0, stream>>>(a);
+    launch_kernel<rms_norm_streaming_kernel<T, kVec, kFused>>(grid, block, 0, stream, a);
   } else if (kFused || !pipelined) {
     return launch_cached_one_row<T, kVec, kCache, kFused>(a, blocks, tx, ty, stream);
   } else {
-    rms_norm_cached_kernel<T, kVec, kCache, true><<<grid, block, 0, stream>>>(a);
+    launch_kernel<rms_norm_cached_kernel<T, kVec, kCache, true>>(grid, block, 0, stream, a);
   }
   return gpuGetLastError();
 }
@@ -540,9 +546,9 @@ gpuError_t launch_two_pass(const NormArgs<T>& a, gpuStream_t stream) {
   const dim3 grid(static_cast<unsigned>(a.rows));
   const dim3 block(static_cast<unsigned>(tx));
   if (chunks == 2) {
-    rms_norm_two_pass_kernel<T, kVec, 2><<<grid, block, 0, stream>>>(a);
+    launch_kernel<rms_norm_two_pass_kernel<T, kVec, 2>>(grid, block, 0, stream, a);
   } else {
-    rms_norm_two_pass_kernel<T, kVec, kMaxTwoPassChunks><<<grid, block, 0, stream>>>(a);
+    launch_kernel<rms_norm_two_pass_kernel<T, kVec, kMaxTwoPassChunks>>(grid, block, 0, stream, a);
   }
   return gpuGetLastError();
 }
@@ -588,13 +594,13 @@ gpuError_t launch_shaped(NormArgs<T> a, gpuStream_t stream) {
     }
   }
   switch (cache) {
-    case 1: return launch_kernel<T, kVec, 1, kFused>(a, tx, ty, stream);
-    case 2: return launch_kernel<T, kVec, 2, kFused>(a, tx, ty, stream);
-    case 4: return launch_kernel<T, kVec, 4, kFused>(a, tx, ty, stream);
+    case 1: return launch_norm<T, kVec, 1, kFused>(a, tx, ty, stream);
+    case 2: return launch_norm<T, kVec, 2, kFused>(a, tx, ty, stream);
+    case 4: return launch_norm<T, kVec, 4, kFused>(a, tx, ty, stream);
     case 8:
-      if constexpr (!kFused) return launch_kernel<T, kVec, 8, kFused>(a, tx, ty, stream);
+      if constexpr (!kFused) return launch_norm<T, kVec, 8, kFused>(a, tx, ty, stream);
       return gpuErrorInvalidValue;  // unreachable: the fused kernels cache at most 4 vectors
-    default: return launch_kernel<T, kVec, 0, kFused>(a, tx, ty, stream);
+    default: return launch_norm<T, kVec, 0, kFused>(a, tx, ty, stream);
   }
 }
 

@@ -16,6 +16,7 @@
 
 #include "common/fast_div.h"
 #include "common/gpu.h"
+#include "common/launch.cuh"
 
 namespace aphrodite::moe {
 namespace {
@@ -119,6 +120,7 @@ __device__ __forceinline__ int32_t block_exclusive_sum(int32_t v, int32_t* warp_
 
 template <typename IdT>
 __global__ void __launch_bounds__(kMaxThreads) moe_align_kernel(const AlignArgs<IdT> a) {
+  pdl_prologue();
   extern __shared__ int32_t smem[];
   __shared__ int32_t warp_sums[kMaxThreads / 32];
   const int tid = static_cast<int>(threadIdx.x);
@@ -255,7 +257,7 @@ gpuError_t launch_typed(const MoeAlignProblem& p, gpuStream_t stream) {
   a.chunk_warps = static_cast<int32_t>(rows);
   a.chunk = static_cast<int32_t>(chunk);
   const size_t smem = static_cast<size_t>(rows * E + map_ints) * sizeof(int32_t);
-  moe_align_kernel<IdT><<<1, static_cast<unsigned>(threads), smem, stream>>>(a);
+  launch_kernel<moe_align_kernel<IdT>>(1, static_cast<unsigned>(threads), smem, stream, a);
   return gpuGetLastError();
 }
 

@@ -12,6 +12,7 @@
 
 #include "common/fast_div.h"
 #include "common/gpu.h"
+#include "common/launch.cuh"
 #include "common/vec.cuh"
 
 namespace aphrodite::moe {
@@ -56,6 +57,7 @@ __device__ __forceinline__ Vec<T, kN> rounded(const float (&acc)[kN]) {
 /// by * blockDim.y + y; both loop when the grid is smaller than the problem.
 template <typename T, int kN, int kK>
 __global__ void __launch_bounds__(kThreads) moe_sum_kernel(const SumArgs<T> a) {
+  pdl_prologue();
   using V = Vec<T, kN>;
   const int64_t vecs = a.hidden / kN;
   const int64_t col_step = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -98,6 +100,7 @@ constexpr int kSplitVecs = 16;
 template <typename T, int kN, int kK>
 __global__ void __launch_bounds__(kSplitVecs* kMaxUnrolledK)
     moe_sum_split_kernel(const SumArgs<T> a) {
+  pdl_prologue();
   using V = Vec<T, kN>;
   __shared__ V tile[kK][kSplitVecs];
   const int j = static_cast<int>(threadIdx.x % kSplitVecs);
@@ -132,7 +135,7 @@ gpuError_t launch(const SumArgs<T>& a, gpuStream_t stream) {
     if (a.num_tokens * vecs <= kSplitMaxVecs && a.num_tokens <= kMaxGridY) {
       const dim3 grid(static_cast<unsigned>(ceil_div(vecs, kSplitVecs)),
                       static_cast<unsigned>(a.num_tokens));
-      moe_sum_split_kernel<T, kN, kK><<<grid, kSplitVecs * kK, 0, stream>>>(a);
+      launch_kernel<moe_sum_split_kernel<T, kN, kK>>(grid, kSplitVecs * kK, 0, stream, a);
       return gpuGetLastError();
     }
   }
@@ -144,7 +147,7 @@ gpuError_t launch(const SumArgs<T>& a, gpuStream_t stream) {
   if (gy > kMaxGridY) gy = kMaxGridY;
   const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(gy));
   const dim3 block(static_cast<unsigned>(tx), static_cast<unsigned>(ty));
-  moe_sum_kernel<T, kN, kK><<<grid, block, 0, stream>>>(a);
+  launch_kernel<moe_sum_kernel<T, kN, kK>>(grid, block, 0, stream, a);
   return gpuGetLastError();
 }
 

@@ -16,6 +16,7 @@
 
 #include "common/fast_div.h"
 #include "common/gpu.h"
+#include "common/launch.cuh"
 #include "common/vec.cuh"
 
 namespace aphrodite::moe {
@@ -88,6 +89,7 @@ __host__ __device__ constexpr int load_width(int per_lane) {
 template <typename T, int kLanes, int kPerLane>
 __global__ void __launch_bounds__(kFastThreads)
     topk_softmax_group_kernel(const Args<T> a, bool vec_loads) {
+  pdl_prologue();
   constexpr int kLoad = load_width<T>(kPerLane);
   constexpr int kTokensPerBlock = kFastThreads / kLanes;
   using V = Vec<T, kLoad>;
@@ -208,6 +210,7 @@ __device__ __forceinline__ V block_reduce(V v, V* smem, Op op) {
 /// the logits in every round (the row stays in L1/L2), so it needs no shared memory per expert.
 template <typename T>
 __global__ void __launch_bounds__(kGenericThreads) topk_softmax_block_kernel(const Args<T> a) {
+  pdl_prologue();
   __shared__ float smem_f[32];
   __shared__ Key smem_k[32];
   const int64_t experts = a.num_experts;
@@ -257,8 +260,8 @@ gpuError_t launch_group(const Args<T>& a, gpuStream_t stream) {
                          a.row_stride % kLoad == 0;
   int64_t blocks = ceil_div(a.num_tokens, kFastThreads / kLanes);
   if (blocks > kMaxGridX) blocks = kMaxGridX;
-  topk_softmax_group_kernel<T, kLanes, kPerLane>
-      <<<static_cast<unsigned>(blocks), kFastThreads, 0, stream>>>(a, vec_loads);
+  launch_kernel<topk_softmax_group_kernel<T, kLanes, kPerLane>>(
+      static_cast<unsigned>(blocks), kFastThreads, 0, stream, a, vec_loads);
   return gpuGetLastError();
 }
 
@@ -280,8 +283,8 @@ gpuError_t launch_block(const Args<T>& a, gpuStream_t stream) {
   if (threads > kGenericThreads) threads = kGenericThreads;
   int64_t blocks = a.num_tokens;
   if (blocks > kMaxGridX) blocks = kMaxGridX;
-  topk_softmax_block_kernel<T>
-      <<<static_cast<unsigned>(blocks), static_cast<unsigned>(threads), 0, stream>>>(a);
+  launch_kernel<topk_softmax_block_kernel<T>>(static_cast<unsigned>(blocks),
+                                              static_cast<unsigned>(threads), 0, stream, a);
   return gpuGetLastError();
 }
 

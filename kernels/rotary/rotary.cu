@@ -15,6 +15,7 @@
 
 #include "common/fast_div.h"
 #include "common/gpu.h"
+#include "common/launch.cuh"
 #include "common/vec.cuh"
 
 namespace aphrodite::rotary {
@@ -68,6 +69,7 @@ struct RotaryArgs {
 /// aligned to its size (capped at 16 bytes).
 template <typename T, typename C, bool kNeox, int kPairs, bool kAligned>
 __global__ void __launch_bounds__(kMaxThreads) rotary_kernel(const RotaryArgs<T, C> a) {
+  pdl_prologue();
   constexpr int kElems = kNeox ? kPairs : 2 * kPairs;  // elements of one chunk of x
   constexpr int kParts = kNeox ? 2 : 1;                // chunks of x per lane and head
   using X = Chunk<T, kElems, kAligned ? min_align(kElems * sizeof(T)) : alignof(T)>;
@@ -167,7 +169,7 @@ bool aligned_to(const void* p, int64_t bytes) {
 
 /// Shapes the block for `lanes` lanes per head and launches.
 template <typename T, typename C, bool kNeox, int kPairs, bool kAligned>
-gpuError_t launch_kernel(RotaryArgs<T, C> a, int64_t lanes, gpuStream_t stream) {
+gpuError_t launch_rotary(RotaryArgs<T, C> a, int64_t lanes, gpuStream_t stream) {
   a.lanes = static_cast<int>(lanes);
   const int64_t tx = lanes < kMaxThreads ? lanes : kMaxThreads;
   const int64_t slots = ceil_div(a.total_heads, kHeadsPerBatch);
@@ -183,7 +185,7 @@ gpuError_t launch_kernel(RotaryArgs<T, C> a, int64_t lanes, gpuStream_t stream) 
   if (blocks > kMaxGridX) blocks = kMaxGridX;
   const dim3 grid(static_cast<unsigned>(blocks));
   const dim3 block(static_cast<unsigned>(tx), static_cast<unsigned>(ty), static_cast<unsigned>(tz));
-  rotary_kernel<T, C, kNeox, kPairs, kAligned><<<grid, block, 0, stream>>>(a);
+  launch_kernel<rotary_kernel<T, C, kNeox, kPairs, kAligned>>(grid, block, 0, stream, a);
   return gpuGetLastError();
 }
 
@@ -215,11 +217,11 @@ gpuError_t launch_widest(const RotaryArgs<T, C>& a, gpuStream_t stream) {
   if constexpr (kElems >= 2) {
     constexpr int kPairs = kNeox ? kElems : kElems / 2;
     if (chunks_aligned<T, C, kNeox, kElems>(a)) {
-      return launch_kernel<T, C, kNeox, kPairs, true>(a, a.half / kPairs, stream);
+      return launch_rotary<T, C, kNeox, kPairs, true>(a, a.half / kPairs, stream);
     }
     return launch_widest<T, C, kNeox, kElems / 2>(a, stream);
   } else {
-    return launch_kernel<T, C, kNeox, 1, false>(a, a.half, stream);
+    return launch_rotary<T, C, kNeox, 1, false>(a, a.half, stream);
   }
 }
 

@@ -1,0 +1,85 @@
+// How the kernels of _C and _moe_C are launched: with programmatic dependent launch (PDL) where
+// their code was compiled for sm_90 or newer, plainly elsewhere.
+//
+// A kernel launched with PDL may start while the kernel before it in the stream is still
+// running: its blocks get scheduled, read their parameters and work out their indices, then wait
+// in pdl_prologue() until that kernel has finished and its writes are visible. At decode sizes,
+// where an op is a ~1-2 us kernel and the GPU idles between kernels for the next one's launch,
+// that start-up overlaps the previous kernel's tail. A kernel launched through launch_kernel()
+// must call pdl_prologue() before its first access to global memory (its reads may depend on the
+// kernel before it, and its writes may land in memory that kernel still reads); nothing else
+// changes for it. Torch-free.
+#pragma once
+
+#include <atomic>
+#include <utility>
+
+#include "common/gpu.h"
+
+namespace aphrodite {
+
+/// Waits until the kernel this one may overlap (PDL) has finished and its writes are visible,
+/// then lets the next kernel in the stream start its own prologue. The first thing a kernel that
+/// launch_kernel() launches does with global memory comes after this. Without PDL (older GPUs,
+/// ROCm, a plain launch) the wait returns at once.
+__device__ __forceinline__ void pdl_prologue() {
+#if !defined(USE_ROCM) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+
+/// Whether `kernel`'s code on the current device was compiled for sm_90 or newer (its PTX
+/// version, which a JIT-compiled image keeps: code from compute_80 PTX has no PDL wait in its
+/// prologue whatever GPU runs it); looked up once per kernel and device.
+template <auto Kernel>
+bool has_pdl_prologue() {
+#if defined(USE_ROCM)
+  return false;
+#else
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> cached[kMaxDevices] = {};  // 0 unknown, 1 no, 2 yes
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    (void)cudaGetLastError();  // not this launch's error: launch plainly
+    return false;
+  }
+  const bool cacheable = device >= 0 && device < kMaxDevices;
+  if (cacheable) {
+    const int known = cached[device].load(std::memory_order_relaxed);
+    if (known != 0) return known == 2;
+  }
+  cudaFuncAttributes attrs = {};
+  if (cudaFuncGetAttributes(&attrs, Kernel) != cudaSuccess) {
+    (void)cudaGetLastError();  // the launch will report a missing image itself
+    return false;
+  }
+  const bool pdl = attrs.ptxVersion >= 90;
+  if (cacheable) cached[device].store(pdl ? 2 : 1, std::memory_order_relaxed);
+  return pdl;
+#endif
+}
+
+/// Kernel<<<grid, block, smem, stream>>>(args...), with PDL where Kernel's code has the prologue
+/// (sm_90 and newer). Kernel must begin with pdl_prologue(). Returns the launch's error code.
+template <auto Kernel, typename... Args>
+gpuError_t launch_kernel(dim3 grid, dim3 block, size_t smem, gpuStream_t stream, Args&&... args) {
+#if defined(USE_ROCM)
+  Kernel<<<grid, block, smem, stream>>>(std::forward<Args>(args)...);
+  return gpuGetLastError();
+#else
+  cudaLaunchAttribute pdl[1];
+  pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  pdl[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  config.attrs = pdl;
+  config.numAttrs = has_pdl_prologue<Kernel>() ? 1 : 0;
+  return cudaLaunchKernelEx(&config, Kernel, std::forward<Args>(args)...);
+#endif
+}
+
+}  // namespace aphrodite
