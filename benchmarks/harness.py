@@ -60,10 +60,13 @@ def median_ms(fn, device: str, warmup: int = 10, reps: int = 100) -> float:
     return statistics.median(times)
 
 
-def graph_ms(fn, calls: int = 50, reps: int = 40) -> float | None:
+def graph_ms(fn, calls: int = 50, reps: int = 40, after=None) -> float | None:
     """Per-call device time, ms, of `calls` back-to-back calls of `fn` replayed from one CUDA
     graph (median over `reps` replays); None where `fn` cannot be captured (a host sync), with
-    the reason printed.
+    the reason printed. With `after` (a callable), each call of `fn` follows one of `after` in
+    the graph and the figure is what the pair takes over `after` alone: `fn`'s time where the
+    kernel before it is someone else's (ours, launched with programmatic dependent launch on
+    sm_90, start while the kernel before them ends; that overlap is largest after one of ours).
 
     What a decode step served from a CUDA graph sees: no host launch latency, no events around
     each call (whose overhead and ~0.5 us resolution are most of median_ms's figure for a call
@@ -72,6 +75,10 @@ def graph_ms(fn, calls: int = 50, reps: int = 40) -> float | None:
     host submits the replay, so the graph's own launch is not timed either. Compare figures
     within one run: between runs, and for some rows between allocations of the inputs, they
     moved by up to 0.2 us."""
+    if after is not None:
+        pair = graph_ms(lambda: (after(), fn()), calls, reps)
+        alone = graph_ms(after, calls, reps)
+        return None if pair is None or alone is None else pair - alone
     stream = torch.cuda.current_stream()
     side = torch.cuda.Stream()
     side.wait_stream(stream)
