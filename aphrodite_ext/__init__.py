@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import importlib.abc
 import json
+import os
 import sys
 from functools import cache
 from pathlib import Path
@@ -92,6 +93,23 @@ def check_build_info(
         )
 
 
+# Knobs the extension modules read at run time, and the values each takes (the C++ side reads
+# them without checking: a module is not loaded while one is set to anything else).
+RUNTIME_KNOBS = {
+    # Programmatic dependent launch of the _C / _moe_C kernels on sm_90+ (kernels/common/launch.cuh):
+    # "0" launches them plainly.
+    "APHRODITE_PDL": ("0", "1"),
+}
+
+
+def check_runtime_knobs() -> None:
+    """Raises ValueError for a run-time knob set to a value it does not take."""
+    for knob, values in RUNTIME_KNOBS.items():
+        value = os.environ.get(knob)
+        if value is not None and value not in values:
+            raise ValueError(f"{knob}={value!r}: expected one of {', '.join(values)} (or unset)")
+
+
 def module_status(name: str) -> tuple[bool, str]:
     """Whether extension module `name` is in this install, and if not, why."""
     info = build_info()
@@ -127,6 +145,7 @@ class _BuildCheck(importlib.abc.MetaPathFinder):
         name = _extension_module(fullname)
         if name is None:
             return None
+        check_runtime_knobs()
         check_build_info()
         built, why = module_status(name)
         if build_info() and not built:

@@ -12,6 +12,8 @@
 #pragma once
 
 #include <atomic>
+#include <cstdlib>
+#include <cstring>
 #include <utility>
 
 #include "common/gpu.h"
@@ -60,6 +62,16 @@ bool has_pdl_prologue() {
 #endif
 }
 
+/// Whether APHRODITE_PDL leaves programmatic dependent launch on: unset or "1"; "0" launches
+/// plainly (aphrodite_ext refuses to load a module under any other value). Read once.
+inline bool pdl_enabled() {
+  static const bool enabled = [] {
+    const char* value = std::getenv("APHRODITE_PDL");
+    return value == nullptr || std::strcmp(value, "0") != 0;
+  }();
+  return enabled;
+}
+
 /// Kernel<<<grid, block, smem, stream>>>(args...), with PDL where Kernel's code has the prologue
 /// (sm_90 and newer). Kernel must begin with pdl_prologue(). Returns the launch's error code.
 template <auto Kernel, typename... Args>
@@ -77,7 +89,7 @@ gpuError_t launch_kernel(dim3 grid, dim3 block, size_t smem, gpuStream_t stream,
   config.dynamicSmemBytes = smem;
   config.stream = stream;
   config.attrs = pdl;
-  config.numAttrs = has_pdl_prologue<Kernel>() ? 1 : 0;
+  config.numAttrs = pdl_enabled() && has_pdl_prologue<Kernel>() ? 1 : 0;
   return cudaLaunchKernelEx(&config, Kernel, std::forward<Args>(args)...);
 #endif
 }

@@ -163,3 +163,20 @@ def test_plan_reads_a_plan_file(tmp_path, capsys):
     assert "backend cuda, archs 8.0 9.0a, torch 9.9.9+cu999, Release" in out
     assert "marlin" in out and "built: 8.0 9.0a" in out
     assert "skipped: needs ROCm" in out
+
+
+def test_runtime_knob_values_checked(built):
+    """A run-time knob set to a value it does not take stops the module's import with a message
+    that names the knob and its values; the values it takes load."""
+
+    def load(value):
+        code = "import aphrodite_ext; aphrodite_ext.load('_C')"
+        env = {**os.environ, "APHRODITE_PDL": value}
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+
+    bad = load("yes")
+    assert bad.returncode != 0
+    assert "APHRODITE_PDL='yes': expected one of 0, 1 (or unset)" in bad.stderr
+    for value in aphrodite_ext.RUNTIME_KNOBS["APHRODITE_PDL"]:
+        ok = load(value)
+        assert ok.returncode == 0, ok.stderr
