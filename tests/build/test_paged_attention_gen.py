@@ -39,6 +39,27 @@ def test_full_grid_is_one_file_per_dtype_and_head_size(tmp_path):
     assert "paged_attention_bf16_h128.cu" in outputs
 
 
+@pytest.mark.parametrize(
+    "options, narrowed",
+    [
+        ((), False),
+        (("xl=off", "kernel=staged"), False),
+        (("block_sizes=16",), True),
+        (("fp8=off",), True),
+    ],
+)
+def test_missing_combination_names_narrowing_only_where_options_narrowed(
+    tmp_path, options, narrowed
+):
+    # The tests skip a combination whose error says the grid was narrowed; at the default grid a
+    # missing combination must not say so (it would be a bug, and the tests must fail on it).
+    r = run_gen(tmp_path, *options, describe=False)
+    assert r.returncode == 0, r.stderr
+    dispatch = (tmp_path / "o" / "paged_attention_dispatch.cu").read_text()
+    assert ("(narrowed by APHRODITE_GENERATOR_OPTIONS" in dispatch) == narrowed
+    assert ("default grid should hold them" in dispatch) == (not narrowed)
+
+
 def test_options_narrow_the_grid(tmp_path):
     r = run_gen(
         tmp_path,
