@@ -4,7 +4,7 @@ and writing files only when their content changes.
 A generator module declares its templates and a ``render(request)`` that returns
 ``{file name: content}``, then calls :func:`main`. CMake (cmake/codegen.cmake) runs it twice:
 ``--describe`` at configure time, to learn the explicit output list and the inputs (it also lists
-the values each option accepts, for readers such as the tests), and
+the values each list option (Request.option_list) accepts, for readers such as the tests), and
 without it at build time, to write the files.
 """
 
@@ -31,7 +31,7 @@ class Request:
 
     archs: tuple[str, ...]
     options: dict[str, str] = field(default_factory=dict)
-    # What option_list was asked for: every value each option accepts ("--describe" prints it).
+    # What option_list was asked for: every value each list option accepts (--describe prints it).
     choices: dict[str, list[str]] = field(default_factory=dict)
 
     def option_list(
@@ -124,7 +124,7 @@ def main(
     parser.add_argument(
         "--describe",
         action="store_true",
-        help="print the outputs, the inputs and the values each option accepts, as JSON",
+        help="print the outputs, the inputs and the values each list option accepts, as JSON",
     )
     args = parser.parse_args()
 
