@@ -54,9 +54,10 @@ def info_text() -> str:
         f"torch: built against {info['torch']['full']}, running {torch.__version__}",
     ]
     try:
+        aphrodite_ext.check_runtime_knobs()
         aphrodite_ext.check_build_info()
         mismatch = None
-    except aphrodite_ext.BuildMismatchError as e:
+    except (ValueError, aphrodite_ext.BuildMismatchError) as e:  # ValueError: a run-time knob
         mismatch = str(e)
         lines.append(f"no module can load: {mismatch}")
     if torch.cuda.is_available():

@@ -1,5 +1,6 @@
-// How the kernels of _C and _moe_C are launched: with programmatic dependent launch (PDL) where
-// their code was compiled for sm_90 or newer, plainly elsewhere.
+// How the kernels of the activation, cache, fp8_quant, layernorm, rotary and MoE families are
+// launched: with programmatic dependent launch (PDL) where their code was compiled for sm_90 or
+// newer, plainly elsewhere. (Marlin, paged and flash attention launch their own way.)
 //
 // A kernel launched with PDL may start while the kernel before it in the stream is still
 // running: its blocks get scheduled, read their parameters and work out their indices, then wait

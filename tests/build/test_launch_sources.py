@@ -1,0 +1,61 @@
+"""kernels/common/launch.cuh's contract, checked on the sources: a kernel that launch_kernel()
+launches may start before the kernel ahead of it in the stream has finished (programmatic
+dependent launch), so it must begin with pdl_prologue(), which waits for that kernel. In every
+source that includes launch.cuh, each __global__ function's body starts with the prologue and no
+kernel is launched with <<<...>>> (which would bypass the choice of attributes)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+KERNELS = Path(__file__).resolve().parents[2] / "kernels"
+INCLUDE = '#include "common/launch.cuh"'
+
+
+def _sources() -> list[Path]:
+    return sorted(
+        p
+        for p in KERNELS.rglob("*")
+        if p.suffix in (".cu", ".cuh") and p.name != "launch.cuh" and INCLUDE in p.read_text()
+    )
+
+
+def _kernel_bodies(text: str) -> list[tuple[str, str]]:
+    """(name, text after the opening brace) of each __global__ function defined in `text`."""
+    found = []
+    for m in re.finditer(r"__global__\b(.*?)\{", text, re.S):
+        name = re.findall(r"(\w+)\s*\(", m.group(1))
+        if name:
+            found.append(
+                (name[-1] if name[-1] != "__launch_bounds__" else name[0], text[m.end() :])
+            )
+    return found
+
+
+def test_the_pdl_sources_are_found():
+    names = {p.name for p in _sources()}
+    assert {"cache.cu", "fp8_quant.cu", "layernorm.cu", "activation_kernels.cuh"} <= names
+
+
+@pytest.mark.parametrize("path", _sources(), ids=lambda p: str(p.relative_to(KERNELS)))
+def test_every_kernel_begins_with_the_prologue(path):
+    text = path.read_text()
+    kernels = _kernel_bodies(text)
+    assert kernels, f"{path.name} includes launch.cuh but defines no kernel"
+    for name, body in kernels:
+        # The prologue comes before any statement that could reach global memory; only index
+        # arithmetic on the built-in variables (no loads) may precede it.
+        head = body.split("pdl_prologue();", 1)
+        assert len(head) == 2, f"{path.name}: kernel {name} never calls pdl_prologue()"
+        before = [s.strip() for s in head[0].split(";") if s.strip()]
+        for statement in before:
+            code = re.sub(r"//[^\n]*", "", statement).strip()
+            if not code:
+                continue
+            assert not re.search(r"\*\s*\w+\.|\[|->|\bload|\bstore|atomic", code) and re.search(
+                r"\b(threadIdx|blockIdx|blockDim|using|static_assert|constexpr)\b", code
+            ), f"{path.name}: kernel {name} runs `{code}` before pdl_prologue()"
+    assert "<<<" not in text, f"{path.name} launches a kernel with <<<>>>: use launch_kernel"
