@@ -129,6 +129,20 @@ def module_status(name: str) -> tuple[bool, str]:
     return True, ""
 
 
+def family_status(name: str) -> tuple[bool, str]:
+    """Whether kernel family `name` is in this install (a narrowed build may leave it out), and
+    if not, why."""
+    info = build_info()
+    if not info:
+        return module_status("_C")
+    family = info["families"].get(name)
+    if family is None:
+        return False, f"{name} is not a kernel family; families: {', '.join(info['families'])}"
+    if not family["built"]:
+        return False, f"the {name} family is not in this build: it {family['reason']}"
+    return True, ""
+
+
 def _extension_module(fullname: str) -> str | None:
     """The module name of `aphrodite_ext.<module>` for an extension module, else None."""
     package, _, name = fullname.rpartition(".")

@@ -113,14 +113,9 @@ for dtype in (torch.float32, torch.bfloat16):
             torch.ops._C.dynamic_per_token_scaled_fp8_quant(q, x, scales, ub)
 
 
-def _family_built(name: str) -> bool:
-    """Whether this build holds the family (a narrowed build may leave it out)."""
-    return bool(aphrodite_ext.build_info().get("families", {}).get(name, {}).get("built"))
-
-
 # marlin: repacks, and the GEMM with and without split-K, every weight type and group mode; a
 # combination that a narrowed build (generator options) left out is passed over.
-if _family_built("marlin"):
+if aphrodite_ext.family_status("marlin")[0]:
     from aphrodite_ext.ops import marlin  # noqa: E402
 
     def _marlin_gemm(m, k, n, dtype, weight_type, group, act_order):
@@ -229,7 +224,7 @@ def _pa_call(op, **named):
 # and XL, GQA 4, ALiBi, odd seq lens, block sizes 16 and 32, fp8 caches where built; GQA 1 and
 # 8 too, so that all three head-group tilings of the kernels (kG = 1, 4, 8) run. Only where the
 # family is built.
-if _family_built("paged_attention"):
+if aphrodite_ext.family_status("paged_attention")[0]:
     for head, block, cache, heads in (
         (80, 16, "auto", 8),
         (128, 32, "auto", 8),

@@ -15,9 +15,8 @@ from . import Case
 
 def _serves(device):
     """Whether this install runs fp8_quant on `device`: the family is built, for its backend."""
-    info = aphrodite_ext.build_info()
-    family = info.get("families", {}).get("fp8_quant", {})
-    return bool(family.get("built")) and (info.get("backend") == "cpu") == (device == "cpu")
+    backend = aphrodite_ext.build_info().get("backend")
+    return aphrodite_ext.family_status("fp8_quant")[0] and (backend == "cpu") == (device == "cpu")
 
 
 def cases(device, shape):

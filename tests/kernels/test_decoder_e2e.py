@@ -27,10 +27,9 @@ FAMILIES = ("activation", "layernorm", "rotary", "cache", "paged_attention")
 
 @pytest.fixture(autouse=True)
 def _load(device):
-    families = aphrodite_ext.build_info().get("families", {})
-    missing = [name for name in FAMILIES if not families.get(name, {}).get("built")]
+    missing = [why for built, why in map(aphrodite_ext.family_status, FAMILIES) if not built]
     if missing:
-        pytest.skip(f"this build leaves out {', '.join(missing)}, which the model runs on")
+        pytest.skip("; ".join(missing))
     aphrodite_ext.load("_C")
 
 

@@ -31,9 +31,9 @@ FP8_NAN_BYTE = 0x7F  # poison: no finite input quantizes to it
 
 @pytest.fixture(autouse=True)
 def _family_built(device):
-    family = aphrodite_ext.build_info().get("families", {}).get("fp8_quant", {})
-    if not family.get("built"):
-        pytest.skip(f"the fp8_quant family is not in this build: it {family.get('reason')}")
+    built, why = aphrodite_ext.family_status("fp8_quant")
+    if not built:
+        pytest.skip(why)
     aphrodite_ext.load("_C")
 
 

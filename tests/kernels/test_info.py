@@ -186,3 +186,13 @@ def test_runtime_knob_values_checked(built):
     for value in aphrodite_ext.RUNTIME_KNOBS["APHRODITE_PDL"]:
         ok = load(value)
         assert ok.returncode == 0, ok.stderr
+
+
+def test_family_status(built):
+    """family_status says what the build info says of each family, and why one is missing."""
+    for name, family in built["families"].items():
+        ok, why = aphrodite_ext.family_status(name)
+        assert ok == family["built"]
+        assert (why == "") == ok and (ok or family["reason"] in why)
+    ok, why = aphrodite_ext.family_status("no_such_family")
+    assert not ok and "not a kernel family" in why

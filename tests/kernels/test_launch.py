@@ -23,10 +23,9 @@ TOKENS, HIDDEN, TOPK = 37, 2 * 1544, 4  # odd sizes; 1544 = 8 x 193 (16-byte vec
 def _cuda_families(device):
     if device != "cuda":
         pytest.skip("programmatic dependent launch is a CUDA launch")
-    families = aphrodite_ext.build_info().get("families", {})
-    missing = [name for name in FAMILIES if not families.get(name, {}).get("built")]
+    missing = [why for built, why in map(aphrodite_ext.family_status, FAMILIES) if not built]
     if missing:
-        pytest.skip(f"this build leaves out {', '.join(missing)}")
+        pytest.skip("; ".join(missing))
     aphrodite_ext.load("_C")
     aphrodite_ext.load("_moe_C")
 
