@@ -34,6 +34,7 @@
 #include "attention/paged_attention.h"
 #include "common/fp8.h"
 #include "common/gpu.h"
+#include "common/launch.cuh"
 
 namespace aphrodite::attention {
 namespace detail {
@@ -266,6 +267,7 @@ __launch_bounds__(kThreads, APHRODITE_PAGED_ATTENTION_MIN_BLOCKS)
 __launch_bounds__(kThreads)  // as before the option: (kThreads, 1) compiles a little differently
 #endif
     paged_attention_kernel(const PagedAttentionProblem p, const Launch l) {
+  pdl_prologue();  // before any read: the cache and the query may be the last kernel's writes
   using S = Shape<T, CacheT, kHead, kBS, kG>;
   __shared__ alignas(16) float q_s[kG][kHead];
   __shared__ alignas(16) float score_s[kG][kChunk];
@@ -546,6 +548,7 @@ inline constexpr int kReduceDims = kWarp;
 template <typename T>
 __global__ void __launch_bounds__(kReduceThreads)
     paged_attention_reduce_kernel(const PagedAttentionProblem p, const Launch l) {
+  pdl_prologue();  // the split step's sums are read below
   __shared__ float red[kReduceWarps];
   __shared__ float part[kReduceWarps][kReduceDims];
   const int64_t h = blockIdx.x;
@@ -694,6 +697,7 @@ struct StagedShape {
 template <typename T, typename CacheT, int kHead, int kBS, int kG>
 __global__ void __launch_bounds__(kThreads, 3)  // 3 blocks an SM: what the ring allows on H100
     paged_attention_staged_kernel(const PagedAttentionProblem p, const Launch l) {
+  pdl_prologue();
   using SS = StagedShape<T, CacheT, kHead, kBS, kG>;
   extern __shared__ uint4 ring_raw[];  // uint4: 16-byte aligned
   CacheT* ring = reinterpret_cast<CacheT*>(ring_raw);

@@ -22,8 +22,16 @@
 #endif
 
 namespace aphrodite::attention {
-#if APHRODITE_PAGED_ATTENTION_MMA
 namespace detail {
+
+/// A kernel as a type: what paged_attention_run's launcher takes, so that it can hand the kernel
+/// to launch_kernel as a template argument.
+template <auto Kernel>
+struct KernelTag {
+  static constexpr auto kKernel = Kernel;
+};
+
+#if APHRODITE_PAGED_ATTENTION_MMA
 
 /// Whether the current device can run `kernel` with `dynamic_smem` bytes of dynamic shared
 /// memory: compute capability 8.0 or newer (mma.sync bf16, ldmatrix, cp.async) and the kernel's
@@ -45,9 +53,9 @@ bool mma_runs_here(Kernel kernel, int dynamic_smem) {
   if (cudaFuncGetAttributes(&attr, kernel) != cudaSuccess) return false;
   return static_cast<int64_t>(attr.sharedSizeBytes) + dynamic_smem <= optin;
 }
+#endif
 
 }  // namespace detail
-#endif
 
 /// @brief Launches the attention kernel of one (T, CacheT, head size, block size) for `p`
 /// (v1 when `scratch` is nullptr, else v2's split step; the reduce is launched by the caller).
@@ -70,18 +78,19 @@ gpuError_t paged_attention_run(const PagedAttentionProblem& p,
   }
   const unsigned grid_z =
       static_cast<unsigned>(p.num_seqs < detail::kMaxGridZ ? p.num_seqs : detail::kMaxGridZ);
+  // `kernel`: a KernelTag (launch_kernel takes the kernel as a template argument).
   auto launch = [&](auto kernel, int kG, int smem) {
+    constexpr auto kKernel = decltype(kernel)::kKernel;
     l.num_splits = static_cast<int>((group + kG - 1) / kG);
     const dim3 grid(static_cast<unsigned>(p.num_kv_heads * l.num_splits),
                     static_cast<unsigned>(partitions), grid_z);
 #if APHRODITE_PAGED_ATTENTION_STAGED
     // Dynamic shared memory past 48 KiB must be allowed per kernel (on the current device).
     const gpuError_t e =
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+        cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (e != gpuSuccess) return e;
 #endif
-    kernel<<<grid, detail::kThreads, smem, stream>>>(p, l);
-    return gpuGetLastError();
+    return launch_kernel<kKernel>(grid, dim3(detail::kThreads), smem, stream, p, l);
   };
 #if APHRODITE_PAGED_ATTENTION_MMA
   // paged_attention.kernel=mma: the tensor-core kernel for 16-bit queries over caches of the
@@ -90,35 +99,50 @@ gpuError_t paged_attention_run(const PagedAttentionProblem& p,
     using M = detail::MmaShape<T, kHead, kBS>;
     // XL problems take the XL instantiation, which has no ALiBi term (the XL ops pass none):
     // XL with ALiBi, and XL where paged_attention.xl=off left the instantiation out, run staged.
-    auto kernel = detail::paged_attention_mma_kernel<T, kHead, kBS, false>;
-    bool serves = p.pos_bias_u == nullptr;
+    const bool whole_steps = l.partition_size % M::kU == 0;
+    if (p.pos_bias_u == nullptr) {
+      constexpr auto kKernel = detail::paged_attention_mma_kernel<T, kHead, kBS, false>;
+      if (whole_steps && detail::mma_runs_here(kKernel, M::kSmemBytes)) {
+        return launch(detail::KernelTag<kKernel>{}, detail::kMmaRows, M::kSmemBytes);
+      }
+    }
 #if APHRODITE_PAGED_ATTENTION_XL
     if (p.pos_bias_u != nullptr && p.alibi_slopes == nullptr) {
-      kernel = detail::paged_attention_mma_kernel<T, kHead, kBS, true>;
-      serves = true;
+      constexpr auto kKernel = detail::paged_attention_mma_kernel<T, kHead, kBS, true>;
+      if (whole_steps && detail::mma_runs_here(kKernel, M::kSmemBytes)) {
+        return launch(detail::KernelTag<kKernel>{}, detail::kMmaRows, M::kSmemBytes);
+      }
     }
 #endif
-    if (serves && l.partition_size % M::kU == 0 && detail::mma_runs_here(kernel, M::kSmemBytes)) {
-      return launch(kernel, detail::kMmaRows, M::kSmemBytes);
-    }
   }
 #endif
 #if APHRODITE_PAGED_ATTENTION_STAGED
   // paged_attention.kernel=staged: K and V staged through a shared-memory ring (see above).
   const int ring = detail::StagedShape<T, CacheT, kHead, kBS, 1>::kRingBytes;
   if (group <= 1) {
-    return launch(detail::paged_attention_staged_kernel<T, CacheT, kHead, kBS, 1>, 1, ring);
+    return launch(
+        detail::KernelTag<detail::paged_attention_staged_kernel<T, CacheT, kHead, kBS, 1>>{}, 1,
+        ring);
   }
   if (group <= 4) {
-    return launch(detail::paged_attention_staged_kernel<T, CacheT, kHead, kBS, 4>, 4, ring);
+    return launch(
+        detail::KernelTag<detail::paged_attention_staged_kernel<T, CacheT, kHead, kBS, 4>>{}, 4,
+        ring);
   }
-  return launch(detail::paged_attention_staged_kernel<T, CacheT, kHead, kBS, 8>, 8, ring);
+  return launch(
+      detail::KernelTag<detail::paged_attention_staged_kernel<T, CacheT, kHead, kBS, 8>>{}, 8,
+      ring);
 #else
   // Group sizes 2 and 3 take the kG = 4 kernel (idle heads cost compute, not bandwidth): one
   // instantiation fewer per file keeps the build's compile time down.
-  if (group <= 1) return launch(detail::paged_attention_kernel<T, CacheT, kHead, kBS, 1>, 1, 0);
-  if (group <= 4) return launch(detail::paged_attention_kernel<T, CacheT, kHead, kBS, 4>, 4, 0);
-  return launch(detail::paged_attention_kernel<T, CacheT, kHead, kBS, 8>, 8, 0);
+  if (group <= 1)
+    return launch(detail::KernelTag<detail::paged_attention_kernel<T, CacheT, kHead, kBS, 1>>{}, 1,
+                  0);
+  if (group <= 4)
+    return launch(detail::KernelTag<detail::paged_attention_kernel<T, CacheT, kHead, kBS, 4>>{}, 4,
+                  0);
+  return launch(detail::KernelTag<detail::paged_attention_kernel<T, CacheT, kHead, kBS, 8>>{}, 8,
+                0);
 #endif
 }
 
@@ -137,8 +161,8 @@ gpuError_t paged_attention_reduce(const PagedAttentionProblem& p,
   const dim3 grid(
       static_cast<unsigned>(p.num_heads),
       static_cast<unsigned>((p.head_size + detail::kReduceDims - 1) / detail::kReduceDims), grid_z);
-  detail::paged_attention_reduce_kernel<T><<<grid, detail::kReduceThreads, 0, stream>>>(p, l);
-  return gpuGetLastError();
+  return launch_kernel<detail::paged_attention_reduce_kernel<T>>(grid, dim3(detail::kReduceThreads),
+                                                                 0, stream, p, l);
 }
 
 }  // namespace aphrodite::attention

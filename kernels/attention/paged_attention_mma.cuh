@@ -30,6 +30,7 @@
 #include <type_traits>
 
 #include "attention/paged_attention_kernels.cuh"
+#include "common/launch.cuh"
 
 namespace aphrodite::attention::detail {
 
@@ -144,6 +145,7 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
 template <typename T, int kHead, int kBS, bool kXL>
 __global__ void __launch_bounds__(kThreads)
     paged_attention_mma_kernel(const PagedAttentionProblem p, const Launch l) {
+  pdl_prologue();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   using M = MmaShape<T, kHead, kBS>;
   constexpr float kLog2e = 1.4426950408889634f;

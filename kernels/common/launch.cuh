@@ -1,6 +1,7 @@
-// How the kernels of the activation, cache, fp8_quant, layernorm, rotary and MoE families are
-// launched: with programmatic dependent launch (PDL) where their code was compiled for sm_90 or
-// newer, plainly elsewhere. (Marlin, paged and flash attention launch their own way.)
+// How the kernels of the activation, cache, fp8_quant, layernorm, rotary, MoE, paged attention
+// and marlin families are launched: with programmatic dependent launch (PDL) where their code was
+// compiled for sm_90 or newer, plainly elsewhere. (Flash attention launches its own way; marlin
+// adds the attribute to its cluster and cooperative launches with pdl_attribute().)
 //
 // A kernel launched with PDL may start while the kernel before it in the stream is still
 // running: its blocks get scheduled, read their parameters and work out their indices, then wait
@@ -73,24 +74,39 @@ inline bool pdl_enabled() {
   return enabled;
 }
 
-/// Kernel<<<grid, block, smem, stream>>>(args...), with PDL where Kernel's code has the prologue
-/// (sm_90 and newer). Kernel must begin with pdl_prologue(). Returns the launch's error code.
+/// Whether `Kernel` launches with PDL here: APHRODITE_PDL leaves it on and its code has the
+/// prologue (sm_90 and newer).
+template <auto Kernel>
+bool use_pdl() {
+  return pdl_enabled() && has_pdl_prologue<Kernel>();
+}
+
+#if !defined(USE_ROCM)
+/// The launch attribute that lets a kernel start while the one before it in the stream runs.
+inline cudaLaunchAttribute pdl_attribute() {
+  cudaLaunchAttribute pdl{};
+  pdl.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  pdl.val.programmaticStreamSerializationAllowed = 1;
+  return pdl;
+}
+#endif
+
+/// Kernel<<<grid, block, smem, stream>>>(args...), with PDL where use_pdl<Kernel>(). Kernel must
+/// begin with pdl_prologue(). Returns the launch's error code.
 template <auto Kernel, typename... Args>
 gpuError_t launch_kernel(dim3 grid, dim3 block, size_t smem, gpuStream_t stream, Args&&... args) {
 #if defined(USE_ROCM)
   Kernel<<<grid, block, smem, stream>>>(std::forward<Args>(args)...);
   return gpuGetLastError();
 #else
-  cudaLaunchAttribute pdl[1];
-  pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  pdl[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute pdl[1] = {pdl_attribute()};
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = smem;
   config.stream = stream;
   config.attrs = pdl;
-  config.numAttrs = pdl_enabled() && has_pdl_prologue<Kernel>() ? 1 : 0;
+  config.numAttrs = use_pdl<Kernel>() ? 1 : 0;
   return cudaLaunchKernelEx(&config, Kernel, std::forward<Args>(args)...);
 #endif
 }
