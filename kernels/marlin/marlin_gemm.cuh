@@ -44,6 +44,7 @@
 
 #include "common/fast_div.h"
 #include "common/gpu.h"
+#include "common/launch.cuh"
 #include "common/tma.cuh"
 #include "common/wgmma.cuh"
 #include "marlin/marlin.h"
@@ -683,6 +684,10 @@ __global__ void __launch_bounds__(
     gemm_kernel(const KernelArgs<kEngine> kp, const FastDiv group_div,
                 const __grid_constant__ ProducerMaps<kEngine != Engine::kMmaSync> maps,
                 const bool spread) {
+  // Launched with PDL (launch_gemm_instance), the blocks may start while the kernel before this
+  // one runs: nothing here reads or writes global memory before its wait. Its trigger lets the
+  // kernel after this one start as soon as every block of this grid has.
+  pdl_prologue();
   using C = Config<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps, kKWarps, kEngine>;
   const GemmProblem& p = widen(kp);
   constexpr bool kWgmma = C::kWgmma;
@@ -1685,16 +1690,17 @@ inline cudaLaunchAttribute cooperative_attribute() {
 }
 
 /// The launch of `grid` blocks of `threads` threads, each block asking for `smem` bytes of
-/// dynamic shared memory, with the one attribute `attr` (it must outlive the configuration).
+/// dynamic shared memory, with the `count` attributes at `attrs` (they must outlive the
+/// configuration).
 inline cudaLaunchConfig_t launch_config(dim3 grid, int threads, int smem, gpuStream_t stream,
-                                        cudaLaunchAttribute* attr) {
+                                        cudaLaunchAttribute* attrs, unsigned count = 1) {
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = dim3(static_cast<unsigned>(threads));
   config.dynamicSmemBytes = static_cast<size_t>(smem);
   config.stream = stream;
-  config.attrs = attr;
-  config.numAttrs = 1;
+  config.attrs = attrs;
+  config.numAttrs = count;
   return config;
 }
 
@@ -1844,6 +1850,20 @@ gpuError_t launch_gemm_instance(const GemmProblem& p, int workers, SplitSum sum,
     }
     if (err != gpuSuccess) return err;
   }
+  // Every launch below, with `extra` (a cluster or cooperative launch's attribute) or without,
+  // also asks for PDL where use_pdl says so (sm_90 code, APHRODITE_PDL not 0): the grid's blocks
+  // may then start while the kernel before it finishes (gemm_kernel waits before its work).
+  const bool pdl =
+      use_pdl<gemm_kernel<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps, kKWarps, kEngine>>();
+  auto launch = [&](const cudaLaunchAttribute* extra, int smem, bool spread) {
+    cudaLaunchAttribute attrs[2];
+    unsigned count = 0;
+    if (extra != nullptr) attrs[count++] = *extra;
+    if (pdl) attrs[count++] = pdl_attribute();
+    const cudaLaunchConfig_t config =
+        launch_config(grid, C::kBlockThreads, smem, stream, attrs, count);
+    return cudaLaunchKernelEx(&config, kernel, kp, group_div, maps, spread);
+  };
   // Split-K (workers a multiple of the column tiles: each block within one tile) on sm_90 with
   // 2..kMaxClusterSplits splits: the blocks of a tile as one cluster, reduced through their
   // shared memory (gemm_kernel). The kernel needs nothing else to know: a launch without the
@@ -1868,10 +1888,8 @@ gpuError_t launch_gemm_instance(const GemmProblem& p, int workers, SplitSum sum,
         cluster_shape<C>(kernel, natural, p.sm_count, static_cast<int>(splits), blocks);
     if (sum == SplitSum::kCluster ||
         (shape.clusters > 0 && static_cast<int64_t>(shape.clusters) * splits >= blocks)) {
-      cudaLaunchAttribute cluster = cluster_attribute(static_cast<int>(splits));
-      const cudaLaunchConfig_t config =
-          launch_config(grid, C::kBlockThreads, shape.smem, stream, &cluster);
-      const gpuError_t err = cudaLaunchKernelEx(&config, kernel, kp, group_div, maps, false);
+      const cudaLaunchAttribute cluster = cluster_attribute(static_cast<int>(splits));
+      const gpuError_t err = launch(&cluster, shape.smem, false);
       if (err == gpuSuccess) return err;
       // Refused: cleared (else the next launch check of any op would report it), then the
       // launches below, or the error where the cluster sum was asked for.
@@ -1892,16 +1910,13 @@ gpuError_t launch_gemm_instance(const GemmProblem& p, int workers, SplitSum sum,
                                    (p.m < C::kBlockM ? p.m : C::kBlockM) > 8 &&
                                    blocks <= static_cast<int64_t>(natural) * p.sm_count);
   if (spread) {
-    cudaLaunchAttribute cooperative = cooperative_attribute();
-    const cudaLaunchConfig_t config =
-        launch_config(grid, C::kBlockThreads, C::kSmemAlloc, stream, &cooperative);
-    const gpuError_t err = cudaLaunchKernelEx(&config, kernel, kp, group_div, maps, true);
+    const cudaLaunchAttribute cooperative = cooperative_attribute();
+    const gpuError_t err = launch(&cooperative, C::kSmemAlloc, true);
     if (err == gpuSuccess) return err;
     (void)gpuGetLastError();  // refused: cleared; the plain launch below, or the error
     if (sum == SplitSum::kSpread) return err;
   }
-  kernel<<<grid, C::kBlockThreads, C::kSmemAlloc, stream>>>(kp, group_div, maps, false);
-  return gpuGetLastError();
+  return launch(nullptr, C::kSmemAlloc, false);
 }
 
 }  // namespace aphrodite::marlin::detail
