@@ -15,7 +15,7 @@ export PYTHONUNBUFFERED=1
 cd "$(dirname "$0")/.."
 STAGES=${STAGES:-build test sanitize bench}
 TESTS=${TESTS:-tests/kernels}
-BENCH=${BENCH:-kernels paged_attention marlin flash_attn}
+BENCH=${BENCH:-kernels paged_attention marlin flash_attn decode_layer}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
 if [ -n "${1:-}" ]; then export TORCH_CUDA_ARCH_LIST="$1"; fi
