@@ -85,8 +85,10 @@ class DecodeLayer:
         self.cos_sin = torch.randn(4096, hs, dtype=dtype, device=device).clamp(-1, 1)
         self.workspace = marlin.make_workspace(device)
         # Lengths from 1 to past two of v2's 512-token partitions, in shuffled blocks.
-        self.seq_lens = torch.tensor([1, 17, 511, 513, 1100], dtype=torch.int32, device=device)
-        per_seq = -(-int(self.seq_lens.max()) // self.BLOCK)
+        lens = [1, 17, 511, 513, 1100]
+        self.seq_lens = torch.tensor(lens, dtype=torch.int32, device=device)
+        self.max_len = max(lens)  # a host int: no sync inside a graph's capture
+        per_seq = -(-self.max_len // self.BLOCK)
         blocks = self.SEQS * per_seq + 3
         self.block_tables = (
             torch.randperm(blocks, device=device)[: self.SEQS * per_seq].view(self.SEQS, -1).int()
@@ -128,7 +130,7 @@ class DecodeLayer:
         )  # fmt: skip
         attn = paged_attention(
             q.view(t, nh, hs), self.key_cache, self.value_cache, self.block_tables, self.seq_lens,
-            int(self.seq_lens.max()), 1 / math.sqrt(hs), k_scale=self.one, v_scale=self.one,
+            self.max_len, 1 / math.sqrt(hs), k_scale=self.one, v_scale=self.one,
             version="v2",
         ).view(t, nh * hs)  # fmt: skip
         o = self.gemm(attn, self.wo)
