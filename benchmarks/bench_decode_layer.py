@@ -1,8 +1,9 @@
 """One decode step of a Llama-style layer on our kernels, replayed from a CUDA graph, with
 programmatic dependent launch (PDL) off and on (APHRODITE_PDL=0 / 1, each in its own process,
 rounds alternating): what launches that overlap the previous kernel's end add up to over the ten
-kernels of a layer, and, pair by pair, what a kernel adds after the one before it
-(harness.graph_ms(fn, after=prev): the pair less `prev` alone).
+kernels of a layer, and, pair by pair, what two neighbouring kernels of it take replayed in turn
+(each pair has two such boundaries: the second kernel after the first, the first after the
+second).
 
 The layer (fp16; hidden 4096, 32 query and 8 KV heads of 128, intermediate 14336; 4-bit weights
 in groups of 128; a paged KV cache of 16-token blocks, every sequence `CONTEXT` tokens):
@@ -134,15 +135,15 @@ class Layer:
         ]  # fmt: skip
 
 
-# (label, kernel, the kernel before it)
+# (label, first kernel, second kernel)
 PAIRS = [
-    ("marlin qkv after rms_norm", "qkv_proj", "norm_in"),
-    ("rotary after marlin qkv", "rotary", "qkv_proj"),
-    ("reshape_and_cache after rotary", "cache", "rotary"),
-    ("paged attention after reshape_and_cache", "attention", "cache"),
-    ("marlin o after paged attention", "o_proj", "attention"),
-    ("fused_add_rms_norm after marlin o", "norm_post", "o_proj"),
-    ("silu_and_mul after marlin gate/up", "silu", "gate_up_proj"),
+    ("rms_norm, marlin qkv", "norm_in", "qkv_proj"),
+    ("marlin qkv, rotary", "qkv_proj", "rotary"),
+    ("rotary, reshape_and_cache", "rotary", "cache"),
+    ("reshape_and_cache, paged attention", "cache", "attention"),
+    ("paged attention, marlin o", "attention", "o_proj"),
+    ("marlin o, fused_add_rms_norm", "o_proj", "norm_post"),
+    ("marlin gate/up, silu_and_mul", "gate_up_proj", "silu"),
 ]
 
 
@@ -153,8 +154,9 @@ def worker() -> None:
         layer = Layer(batch)
         ms = harness.graph_ms(layer.step, calls=10, reps=30)
         out[f"layer step|{batch}"] = None if ms is None else ms * 1e3
-        for label, fn, prev in PAIRS:
-            ms = harness.graph_ms(getattr(layer, fn), after=getattr(layer, prev))
+        for label, first, second in PAIRS:
+            a, b = getattr(layer, first), getattr(layer, second)
+            ms = harness.graph_ms(lambda a=a, b=b: (a(), b()), calls=25)
             out[f"{label}|{batch}"] = None if ms is None else ms * 1e3
         del layer
         torch.cuda.empty_cache()
@@ -207,8 +209,8 @@ def main() -> None:
     notes = (
         f"Per call, us: `layer step` is the ten kernels of one decode layer (fp16, hidden {HIDDEN}, "
         f"{HEADS} / {KV_HEADS} heads of {HEAD}, intermediate {INTER}, W4A16 group {GROUP}, context "
-        f"{CONTEXT}), 10 steps replayed from one CUDA graph; each `X after Y` is what X adds after "
-        f"Y (harness.graph_ms with after=). Median of {args.rounds} rounds (range), the rounds "
+        f"{CONTEXT}), 10 steps replayed from one CUDA graph; a pair `X, Y` is X then Y, 25 times "
+        f"over from one graph, per pair. Median of {args.rounds} rounds (range), the rounds "
         "alternating APHRODITE_PDL=0 and 1, each in its own process."
     )
     print(harness.write("decode_layer", "cuda", header, rows, out_dir=args.out, notes=notes))
