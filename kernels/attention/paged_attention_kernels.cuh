@@ -267,7 +267,7 @@ __launch_bounds__(kThreads, APHRODITE_PAGED_ATTENTION_MIN_BLOCKS)
 __launch_bounds__(kThreads)  // as before the option: (kThreads, 1) compiles a little differently
 #endif
     paged_attention_kernel(const PagedAttentionProblem p, const Launch l) {
-  pdl_prologue();  // before any read: the cache and the query may be the last kernel's writes
+  pdl_wait();  // before any read: the cache and the query may be the last kernel's writes
   using S = Shape<T, CacheT, kHead, kBS, kG>;
   __shared__ alignas(16) float q_s[kG][kHead];
   __shared__ alignas(16) float score_s[kG][kChunk];
@@ -492,6 +492,7 @@ __launch_bounds__(kThreads)  // as before the option: (kThreads, 1) compiles a l
       }
       __syncthreads();
     }
+    pdl_launch_dependents();  // the main loop is done: the next kernel may take room now
 
     // Combine: the kSeg lanes of a row (adjacent lanes), then the teams, through red_s.
 #pragma unroll
@@ -697,7 +698,7 @@ struct StagedShape {
 template <typename T, typename CacheT, int kHead, int kBS, int kG>
 __global__ void __launch_bounds__(kThreads, 3)  // 3 blocks an SM: what the ring allows on H100
     paged_attention_staged_kernel(const PagedAttentionProblem p, const Launch l) {
-  pdl_prologue();
+  pdl_wait();  // the dependents are let go after the main loop
   using SS = StagedShape<T, CacheT, kHead, kBS, kG>;
   extern __shared__ uint4 ring_raw[];  // uint4: 16-byte aligned
   CacheT* ring = reinterpret_cast<CacheT*>(ring_raw);
@@ -932,6 +933,7 @@ __global__ void __launch_bounds__(kThreads, 3)  // 3 blocks an SM: what the ring
       }
     }
     stage_wait<0>();  // only empty groups remain; nothing may be in flight into the next sequence
+    pdl_launch_dependents();  // the main loop is done: the next kernel may take room now
 
     // Combine the token groups through red_s.
     for (int k = 0; k < SS::kTG; ++k) {

@@ -145,7 +145,7 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
 template <typename T, int kHead, int kBS, bool kXL>
 __global__ void __launch_bounds__(kThreads)
     paged_attention_mma_kernel(const PagedAttentionProblem p, const Launch l) {
-  pdl_prologue();
+  pdl_wait();  // the dependents are let go after the main loop
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   using M = MmaShape<T, kHead, kBS>;
   constexpr float kLog2e = 1.4426950408889634f;
@@ -453,6 +453,7 @@ __global__ void __launch_bounds__(kThreads)
       if constexpr (kXL) pack_bd(bd, bd_next);
     }
     stage_wait<0>();  // only empty groups remain; nothing may be in flight into the next use
+    pdl_launch_dependents();  // the main loop is done: the next kernel may take room now
 
     // Combine the warps: each row's max over the warps, then the warps' rescaled sums.
     l0 += APHRODITE_SHFL_XOR(l0, 1);

@@ -22,15 +22,29 @@
 
 namespace aphrodite {
 
-/// Waits until the kernel this one may overlap (PDL) has finished and its writes are visible,
-/// then lets the next kernel in the stream start its own prologue. The first thing a kernel that
-/// launch_kernel() launches does with global memory comes after this. Without PDL (older GPUs,
-/// ROCm, a plain launch) the wait returns at once.
-__device__ __forceinline__ void pdl_prologue() {
+/// Waits until the kernel this one may overlap (PDL) has finished and its writes are visible.
+/// Without PDL (older GPUs, ROCm, a plain launch) it returns at once.
+__device__ __forceinline__ void pdl_wait() {
 #if !defined(USE_ROCM) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+/// Lets the next kernel in the stream start its own prologue once every block of this grid has
+/// called this (or exited). Its blocks then take room on the SMs while they wait: a kernel that
+/// keeps the SMs busy for long (paged attention) calls this after its main loop, not before.
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if !defined(USE_ROCM) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" :::);
 #endif
+}
+
+/// pdl_wait(), then pdl_launch_dependents(): the start of a short kernel. A kernel that
+/// launch_kernel() launches begins with this, or with pdl_wait() and triggers later; either way
+/// its first access to global memory comes after the wait.
+__device__ __forceinline__ void pdl_prologue() {
+  pdl_wait();
+  pdl_launch_dependents();
 }
 
 /// Whether `kernel`'s code on the current device was compiled for sm_90 or newer (its PTX

@@ -1,8 +1,10 @@
 """kernels/common/launch.cuh's contract, checked on the sources: a kernel that launch_kernel()
 launches may start before the kernel ahead of it in the stream has finished (programmatic
-dependent launch), so it must begin with pdl_prologue(), which waits for that kernel. In every
-source that includes launch.cuh or calls launch_kernel, each __global__ function's body starts
-with the prologue and no kernel is launched with <<<...>>> (which would bypass the choice of
+dependent launch), so it must begin with pdl_prologue() or pdl_wait(), which wait for that kernel.
+In every source that includes launch.cuh or calls launch_kernel, each __global__ function's body
+starts with one of them (after pdl_wait(), the body also lets its dependents go with
+pdl_launch_dependents(): without it they would start only when the grid has exited, later than a
+plain launch would), and no kernel is launched with <<<...>>> (which would bypass the choice of
 attributes)."""
 
 from __future__ import annotations
@@ -27,14 +29,26 @@ def _sources() -> list[Path]:
     )
 
 
+def _body(text: str) -> str:
+    """`text` (what follows a function's opening brace) up to the matching closing brace, with
+    // comments blanked out."""
+    code = re.sub(r"//[^\n]*", lambda m: " " * len(m.group(0)), text)
+    depth = 1
+    for i, c in enumerate(code):
+        depth += {"{": 1, "}": -1}.get(c, 0)
+        if depth == 0:
+            return code[:i]
+    return code
+
+
 def _kernel_bodies(text: str) -> list[tuple[str, str]]:
-    """(name, text after the opening brace) of each __global__ function defined in `text`."""
+    """(name, body) of each __global__ function defined in `text`."""
     found = []
     for m in re.finditer(r"__global__\b(.*?)\{", text, re.S):
         name = re.findall(r"(\w+)\s*\(", m.group(1))
         if name:
             found.append(
-                (name[-1] if name[-1] != "__launch_bounds__" else name[0], text[m.end() :])
+                (name[-1] if name[-1] != "__launch_bounds__" else name[0], _body(text[m.end() :]))
             )
     return found
 
@@ -63,8 +77,14 @@ def test_every_kernel_begins_with_the_prologue(path):
     for name, body in kernels:
         # The prologue comes before any statement that could reach global memory; only index
         # arithmetic on the built-in variables (no loads) may precede it.
-        head = body.split("pdl_prologue();", 1)
-        assert len(head) == 2, f"{path.name}: kernel {name} never calls pdl_prologue()"
+        head = re.split(r"pdl_(?:prologue|wait)\(\);", body, maxsplit=1)
+        assert len(head) == 2, (
+            f"{path.name}: kernel {name} calls neither pdl_prologue() nor pdl_wait()"
+        )
+        if "pdl_prologue();" not in body:
+            assert "pdl_launch_dependents();" in head[1], (
+                f"{path.name}: kernel {name} waits (pdl_wait) but never lets its dependents go"
+            )
         before = [s.strip() for s in head[0].split(";") if s.strip()]
         for statement in before:
             code = re.sub(r"//[^\n]*", "", statement).strip()
