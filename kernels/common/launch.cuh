@@ -15,12 +15,12 @@
 // H200). Torch-free.
 #pragma once
 
-#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <utility>
 
 #include "common/gpu.h"
+#include "common/per_device.h"
 
 namespace aphrodite {
 
@@ -57,26 +57,20 @@ bool has_pdl_prologue() {
 #if defined(USE_ROCM)
   return false;
 #else
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> cached[kMaxDevices] = {};  // 0 unknown, 1 no, 2 yes
+  static PerDevice known;  // 1 no, 2 yes
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) {
     (void)cudaGetLastError();  // not this launch's error: launch plainly
     return false;
   }
-  const bool cacheable = device >= 0 && device < kMaxDevices;
-  if (cacheable) {
-    const int known = cached[device].load(std::memory_order_relaxed);
-    if (known != 0) return known == 2;
-  }
-  cudaFuncAttributes attrs = {};
-  if (cudaFuncGetAttributes(&attrs, Kernel) != cudaSuccess) {
-    (void)cudaGetLastError();  // the launch will report a missing image itself
-    return false;
-  }
-  const bool pdl = attrs.ptxVersion >= 90;
-  if (cacheable) cached[device].store(pdl ? 2 : 1, std::memory_order_relaxed);
-  return pdl;
+  return known.get(device, [] {
+    cudaFuncAttributes attrs = {};
+    if (cudaFuncGetAttributes(&attrs, Kernel) != cudaSuccess) {
+      (void)cudaGetLastError();  // the launch will report a missing image itself
+      return 0;
+    }
+    return attrs.ptxVersion >= 90 ? 2 : 1;
+  }) == 2;
 #endif
 }
 

@@ -21,7 +21,6 @@
 // (common/fp8.h has no HIP conversion yet).
 #include "fp8_quant/fp8_quant.h"
 
-#include <atomic>
 #include <cstdint>
 #include <type_traits>
 
@@ -29,6 +28,7 @@
 #include "common/fp8.h"
 #include "common/gpu.h"
 #include "common/launch.cuh"
+#include "common/per_device.h"
 #include "common/vec.cuh"
 
 namespace aphrodite::fp8_quant {
@@ -489,40 +489,47 @@ bool aligned(const void* p, int64_t bytes) { return reinterpret_cast<uintptr_t>(
 
 /// SMs of the current device, for grids sized to the machine; looked up once per device.
 int64_t sm_count() {
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> cached[kMaxDevices] = {};
+  constexpr int kFallback = 132;  // where the runtime cannot say: a common size
+  static PerDevice sms;
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) {
-    (void)cudaGetLastError();  // not this launch's error: fall back to a common size
-    return 132;
+    (void)cudaGetLastError();  // not this launch's error
+    return kFallback;
   }
-  if (device >= 0 && device < kMaxDevices) {
-    const int sms = cached[device].load(std::memory_order_relaxed);
-    if (sms > 0) return sms;
-  }
-  int sms = 0;
-  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
-      sms <= 0) {
-    (void)cudaGetLastError();
-    return 132;
-  }
-  if (device >= 0 && device < kMaxDevices) cached[device].store(sms, std::memory_order_relaxed);
-  return sms;
+  const int n = sms.get(device, [device] {
+    int count = 0;
+    if (cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+        count <= 0) {
+      (void)cudaGetLastError();
+      return 0;
+    }
+    return count;
+  });
+  return n > 0 ? n : kFallback;
 }
 
-/// Blocks of `kernel` with `threads` threads that an SM holds at once, looked up once per call
-/// site (`cache`), so that the elementwise grids are one wave of resident blocks.
+/// Blocks of `kernel` with `threads` threads that an SM of the current device holds at once,
+/// looked up once per device and call site (`cache`), so that the elementwise grids are one wave
+/// of resident blocks.
 template <typename Kernel>
-int64_t resident_blocks(std::atomic<int>& cache, Kernel kernel, int threads) {
-  int blocks = cache.load(std::memory_order_relaxed);
-  if (blocks > 0) return blocks;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, 0) != cudaSuccess ||
-      blocks <= 0) {
-    (void)cudaGetLastError();  // not this launch's error: assume a quarter of an SM per block
-    return 2048 / threads / 4 > 0 ? 2048 / threads / 4 : 1;
+int64_t resident_blocks(PerDevice& cache, Kernel kernel, int threads) {
+  // Where the runtime cannot say: a quarter of an SM's threads per block.
+  const int fallback = 2048 / threads / 4 > 0 ? 2048 / threads / 4 : 1;
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    (void)cudaGetLastError();  // not this launch's error
+    return fallback;
   }
-  cache.store(blocks, std::memory_order_relaxed);
-  return blocks;
+  const int blocks = cache.get(device, [&] {
+    int n = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, 0) != cudaSuccess ||
+        n <= 0) {
+      (void)cudaGetLastError();
+      return 0;
+    }
+    return n;
+  });
+  return blocks > 0 ? blocks : fallback;
 }
 
 /// The rows of p as tiles of kBlock * kU vectors of kVec elements. Rows that follow each
@@ -737,8 +744,7 @@ gpuError_t launch_dynamic_vec(const QuantProblem& p, gpuStream_t stream) {
   if (!make_tiles<T, kVec, kThreads>(p, a)) return gpuErrorInvalidValue;
   if (p.workspace == nullptr) return gpuErrorInvalidValue;
   const int64_t sms = sm_count();
-  static std::atomic<int> absmax_per_sm{0};
-  static std::atomic<int> quant_per_sm{0};
+  static PerDevice absmax_per_sm, quant_per_sm;
   int64_t partials = grid_for(
       a.num_tiles, sms * resident_blocks(absmax_per_sm, absmax_partials_kernel<T, kVec>, kThreads));
   if (partials > kMaxPartials) partials = kMaxPartials;

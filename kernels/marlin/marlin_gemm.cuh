@@ -45,6 +45,7 @@
 #include "common/fast_div.h"
 #include "common/gpu.h"
 #include "common/launch.cuh"
+#include "common/per_device.h"
 #include "common/tma.cuh"
 #include "common/wgmma.cuh"
 #include "marlin/marlin.h"
@@ -1651,21 +1652,20 @@ template <typename T, WeightType kWeight, bool kGrouped, int kMTiles, int kMWarp
 gpuError_t configure_instance(int* blocks_per_sm) {
   using C = Config<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps, kKWarps, kEngine>;
   auto kernel = gemm_kernel<T, kWeight, kGrouped, kMTiles, kMWarps, kNWarps, kKWarps, kEngine>;
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> occupancy[kMaxDevices];  // 0: not configured yet
+  static PerDevice occupancy;
   int device = 0;
   gpuError_t err = cudaGetDevice(&device);
   if (err != gpuSuccess) return err;
-  int blocks = device < kMaxDevices ? occupancy[device].load(std::memory_order_relaxed) : 0;
-  if (blocks == 0) {
+  const int blocks = occupancy.get(device, [&] {
     err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemAlloc);
-    if (err != gpuSuccess) return err;
-    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, C::kBlockThreads,
-                                                        C::kSmemAlloc);
-    if (err != gpuSuccess) return err;
-    if (blocks < 1) blocks = 1;
-    if (device < kMaxDevices) occupancy[device].store(blocks, std::memory_order_relaxed);
-  }
+    int resident = 0;
+    if (err == gpuSuccess) {
+      err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, C::kBlockThreads,
+                                                          C::kSmemAlloc);
+    }
+    return err != gpuSuccess ? 0 : resident < 1 ? 1 : resident;
+  });
+  if (err != gpuSuccess) return err;
   if (blocks_per_sm != nullptr) *blocks_per_sm = blocks;
   return gpuSuccess;
 }

@@ -7,11 +7,11 @@
 
 #include <ATen/ATen.h>
 
-#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 
+#include "common/per_device.h"
 #include "common/torch_binding.h"
 #if defined(APHRODITE_BACKEND_CPU) && APHRODITE_FAMILY_BUILT
 #include <ATen/Parallel.h>
@@ -318,32 +318,32 @@ at::Tensor gptq_marlin_gemm(
   const c10::cuda::OptionalCUDAGuard guard(a.device());
   // SM count, compute capability and peak DRAM bandwidth per device, asked once (the dispatch
   // needs them on every call).
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> sm_counts[kMaxDevices], archs[kMaxDevices], dram[kMaxDevices];
+  static PerDevice sm_counts, archs, dram;
   const int device = a.device().index();
-  int sm_count = device < kMaxDevices ? sm_counts[device].load(std::memory_order_relaxed) : 0;
-  int arch = device < kMaxDevices ? archs[device].load(std::memory_order_relaxed) : 0;
-  int dram_gbps = device < kMaxDevices ? dram[device].load(std::memory_order_relaxed) : 0;
-  if (sm_count == 0 || arch == 0) {
+  const int sm_count = sm_counts.get(device, [&] {
+    int count = 0;
+    check_launch(op, cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+    return count;
+  });
+  const int arch = archs.get(device, [&] {
     int major = 0, minor = 0;
-    check_launch(op, cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device));
     check_launch(op, cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
     check_launch(op, cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-    arch = 10 * major + minor;
-    // Double data rate: 2 x clock (kHz) x bus width (bits) / 8 bytes; unknown (0) where the
-    // device does not say.
+    return 10 * major + minor;
+  });
+  // Double data rate: 2 x clock (kHz) x bus width (bits) / 8 bytes; unknown (kept as -1, used as
+  // 0) where the device does not say.
+  const int dram_kept = dram.get(device, [&] {
     int clock_khz = 0, bus_bits = 0;
+    int gbps = -1;
     if (cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, device) == cudaSuccess &&
         cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device) == cudaSuccess) {
-      dram_gbps = static_cast<int>(int64_t{clock_khz} * bus_bits / 4000000);
+      gbps = static_cast<int>(int64_t{clock_khz} * bus_bits / 4000000);
     }
     (void)cudaGetLastError();
-    if (device < kMaxDevices) {
-      sm_counts[device].store(sm_count, std::memory_order_relaxed);
-      archs[device].store(arch, std::memory_order_relaxed);
-      dram[device].store(dram_gbps, std::memory_order_relaxed);
-    }
-  }
+    return gbps > 0 ? gbps : -1;
+  });
+  const int dram_gbps = dram_kept > 0 ? dram_kept : 0;
   marlin::GemmProblem p{};
   p.out = out.data_ptr();
   p.a = a_in.data_ptr();
