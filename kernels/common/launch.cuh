@@ -1,7 +1,7 @@
 // How the kernels of the activation, cache, fp8_quant, layernorm, rotary, MoE, paged attention
 // and marlin families are launched: with programmatic dependent launch (PDL) where their code was
 // compiled for sm_90 or newer, plainly elsewhere. (Flash attention launches its own way; marlin
-// adds the attribute to its cluster and cooperative launches with pdl_attribute().)
+// adds the attribute to each of its launches, cluster, cooperative or plain, with pdl_attribute().)
 //
 // A kernel launched with PDL may start while the kernel before it in the stream is still
 // running: its blocks get scheduled, read their parameters and work out their indices, then wait

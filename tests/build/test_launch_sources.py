@@ -16,7 +16,9 @@ import pytest
 
 KERNELS = Path(__file__).resolve().parents[2] / "kernels"
 INCLUDE = '#include "common/launch.cuh"'
-CALL = "launch_kernel<"
+# What a source that launches with PDL calls: launch_kernel, or (marlin's own launches)
+# use_pdl / pdl_attribute.
+CALLS = ("launch_kernel<", "use_pdl<", "pdl_attribute(")
 
 
 def _sources() -> list[Path]:
@@ -25,7 +27,7 @@ def _sources() -> list[Path]:
         for p in KERNELS.rglob("*")
         if p.suffix in (".cu", ".cuh")
         and p.name != "launch.cuh"
-        and (INCLUDE in p.read_text() or CALL in p.read_text())
+        and (INCLUDE in p.read_text() or any(c in p.read_text() for c in CALLS))
     )
 
 
@@ -38,7 +40,7 @@ def _body(text: str) -> str:
         depth += {"{": 1, "}": -1}.get(c, 0)
         if depth == 0:
             return code[:i]
-    return code
+    raise AssertionError("a kernel's body has no closing brace this check can find")
 
 
 def _kernel_bodies(text: str) -> list[tuple[str, str]]:
@@ -71,7 +73,7 @@ def test_the_pdl_sources_are_found():
 def test_every_kernel_begins_with_the_prologue(path):
     text = path.read_text()
     kernels = _kernel_bodies(text)
-    assert kernels or CALL in text, (
+    assert kernels or any(c in text for c in CALLS), (
         f"{path.name} includes launch.cuh but neither defines nor launches a kernel"
     )
     for name, body in kernels:
@@ -85,12 +87,17 @@ def test_every_kernel_begins_with_the_prologue(path):
             assert "pdl_launch_dependents();" in head[1], (
                 f"{path.name}: kernel {name} waits (pdl_wait) but never lets its dependents go"
             )
+        assert head[0].count("{") == head[0].count("}"), (
+            f"{path.name}: kernel {name} waits inside a block: every thread must wait"
+        )
         before = [s.strip() for s in head[0].split(";") if s.strip()]
         for statement in before:
             code = re.sub(r"//[^\n]*", "", statement).strip()
             if not code:
                 continue
-            assert not re.search(r"\*\s*\w+\.|\[|->|\bload|\bstore|atomic", code) and re.search(
+            assert not re.search(
+                r"\*\s*\w+\.|\[|->|\bload|\bstore|atomic|^(if|for|while|switch)\b|\?", code
+            ) and re.search(
                 r"\b(threadIdx|blockIdx|blockDim|using|static_assert|constexpr)\b", code
             ), f"{path.name}: kernel {name} runs `{code}` before pdl_prologue()"
     assert "<<<" not in text, f"{path.name} launches a kernel with <<<>>>: use launch_kernel"

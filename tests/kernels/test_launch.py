@@ -6,7 +6,8 @@ touched memory before its wait would read a stale input now and then).
 Two chains: `pointwise` (fused_add_rms_norm, silu_and_mul, the dynamic fp8 quantization's two
 kernels, moe_sum) and `decode_layer`, one decode step of a small Llama-style layer on the marlin
 GEMM and paged attention v2 (its split and reduce kernels) between the norm, rotary, cache and
-activation kernels."""
+activation kernels; the layer also with each of marlin's split sums forced (APHRODITE_MARLIN_CONFIG:
+a cluster launch, a cooperative launch, a plain one), each carrying the PDL attribute."""
 
 from __future__ import annotations
 
@@ -22,8 +23,14 @@ import aphrodite_ext
 from aphrodite_ext.ops import marlin
 from aphrodite_ext.ops.paged_attention import paged_attention
 
-# What a build narrowed by generator options says of a combination it left out.
-NARROWED = ("(narrowed by APHRODITE_GENERATOR_OPTIONS", "was left out of this build")
+# What a build narrowed by generator options says of a combination it left out (and marlin of a
+# sum the device cannot take).
+NARROWED = (
+    "(narrowed by APHRODITE_GENERATOR_OPTIONS",
+    "was left out of this build",
+    "this build does not hold",
+    "sm_90 only",
+)
 
 
 class Pointwise:
@@ -64,7 +71,8 @@ class DecodeLayer:
     marlin (down), fp16, for SEQS sequences of odd lengths across v2's partitions."""
 
     families = ("activation", "layernorm", "rotary", "cache", "paged_attention", "marlin")
-    SEQS, HEADS, KV_HEADS, HEAD, INTER, BLOCK, GROUP = 5, 4, 2, 128, 768, 16, 128
+    # 12 rows: more than 8, so that the dispatch may sum split tiles by every block (cooperative).
+    SEQS, HEADS, KV_HEADS, HEAD, INTER, BLOCK, GROUP = 12, 4, 2, 128, 768, 16, 128
 
     def __init__(self, device, dtype=torch.float16):
         self.device, self.dtype = device, dtype
@@ -85,7 +93,7 @@ class DecodeLayer:
         self.cos_sin = torch.randn(4096, hs, dtype=dtype, device=device).clamp(-1, 1)
         self.workspace = marlin.make_workspace(device)
         # Lengths from 1 to past two of v2's 512-token partitions, in shuffled blocks.
-        lens = [1, 17, 511, 513, 1100]
+        lens = [1, 17, 511, 513, 1100, 3, 64, 700, 1024, 255, 97, 1025]
         self.seq_lens = torch.tensor(lens, dtype=torch.int32, device=device)
         self.max_len = max(lens)  # a host int: no sync inside a graph's capture
         per_seq = -(-self.max_len // self.BLOCK)
@@ -142,17 +150,38 @@ class DecodeLayer:
         return [qkv, attn, o, residual, act, out, self.key_cache, self.value_cache]
 
 
-CHAINS = {"pointwise": Pointwise, "decode_layer": DecodeLayer}
+# name: (chain, APHRODITE_MARLIN_CONFIG or None for the dispatch's own plan)
+CASES = {
+    "pointwise": (Pointwise, None),
+    "decode_layer": (DecodeLayer, None),
+    "decode_layer-cluster": (DecodeLayer, "m16n256:4/cluster"),
+    "decode_layer-spread": (DecodeLayer, "m16n256:4/spread"),
+    "decode_layer-last": (DecodeLayer, "m16n256:4/last"),
+}
 
 
 def _skip_unless_built(name):
-    statuses = map(aphrodite_ext.family_status, CHAINS[name].families)
+    statuses = map(aphrodite_ext.family_status, CASES[name][0].families)
     missing = [why for built, why in statuses if not built]
     if missing:
         pytest.skip("; ".join(missing))
     aphrodite_ext.load("_C")
-    if "moe_sum" in CHAINS[name].families:
+    if "moe_sum" in CASES[name][0].families:
         aphrodite_ext.load("_moe_C")
+
+
+def capture(chain, static):
+    """A CUDA graph of chain.run(**static), and its outputs; warmed up off the default stream
+    first, as capture wants."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        chain.run(**{k: v.clone() for k, v in static.items()})
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = chain.run(**static)
+    return graph, outs
 
 
 def _eager(chain, inputs):
@@ -172,19 +201,24 @@ def _cuda_only(device):
         pytest.skip("programmatic dependent launch is a CUDA launch")
 
 
-@pytest.mark.parametrize("name", list(CHAINS))
-def test_graph_replay_matches_eager(device, name):
+def _setup(device, name, monkeypatch):
+    """The case's chain, built and checked to run here (skips what the build left out)."""
     _skip_unless_built(name)
-    chain = CHAINS[name](device)
+    cls, config = CASES[name]
+    if config is not None:
+        if "cluster" in config and torch.cuda.get_device_capability() < (9, 0):
+            pytest.skip("thread block clusters are sm_90+")
+        monkeypatch.setenv("APHRODITE_MARLIN_CONFIG", config)
+    chain = cls(device)
+    _eager(chain, chain.inputs())
+    return chain
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_graph_replay_matches_eager(device, name, monkeypatch):
+    chain = _setup(device, name, monkeypatch)
     static = chain.inputs()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up off the default stream, as capture wants
-        _eager(chain, static)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        outs = chain.run(**static)
+    graph, outs = capture(chain, static)
     for _ in range(5):
         fresh = chain.inputs()
         for k in static:
@@ -196,34 +230,36 @@ def test_graph_replay_matches_eager(device, name):
             assert torch.equal(g, w), f"{name}: result {i} differs between replay and eager"
 
 
+# The chain replayed from a graph (back to back on the GPU, where PDL overlaps the kernels) on
+# three sets of fresh inputs, in a process of its own; prints a digest of the results.
 _SCRIPT = """
 import sys, hashlib, torch
 sys.path.insert(0, {tests!r})
 import test_launch as t
-import aphrodite_ext
 torch.manual_seed({seed})
 t._skip_unless_built({name!r})  # loads the modules
-chain = t.CHAINS[{name!r}]("cuda")
-inputs = chain.inputs()
-for _ in range(3):
-    results = chain.run(**inputs)
-torch.cuda.synchronize()
+chain = t.CASES[{name!r}][0]("cuda")
+static = chain.inputs()
+graph, outs = t.capture(chain, static)
 digest = hashlib.sha256()
-for r in results:
-    digest.update(r.cpu().contiguous().view(torch.uint8).numpy().tobytes())
+for _ in range(3):
+    for key, value in chain.inputs().items():
+        static[key].copy_(value)
+    graph.replay()
+    for r in outs:
+        digest.update(r.cpu().contiguous().view(torch.uint8).numpy().tobytes())
 print(digest.hexdigest())
 """
 
 
-@pytest.mark.parametrize("name", list(CHAINS))
-def test_plain_launches_give_the_same_results(device, name):
-    _skip_unless_built(name)
-    _eager(CHAINS[name](device), CHAINS[name](device).inputs())  # skips a left-out combination
+@pytest.mark.parametrize("name", list(CASES))
+def test_plain_launches_give_the_same_results(device, name, monkeypatch):
+    _setup(device, name, monkeypatch)  # skips a left-out combination
     seed = torch.randint(0, 2**31, ()).item()
     script = _SCRIPT.format(tests=os.path.dirname(__file__), seed=seed, name=name)
     digests = []
     for pdl in ("0", "1"):
-        env = {**os.environ, "APHRODITE_PDL": pdl}
+        env = {**os.environ, "APHRODITE_PDL": pdl}  # with the case's APHRODITE_MARLIN_CONFIG
         proc = subprocess.run(
             [sys.executable, "-c", script], capture_output=True, text=True, env=env
         )
