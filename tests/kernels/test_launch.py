@@ -18,19 +18,11 @@ import sys
 
 import pytest
 import torch
+from narrowed import skip_left_out
 
 import aphrodite_ext
 from aphrodite_ext.ops import marlin
 from aphrodite_ext.ops.paged_attention import paged_attention
-
-# What a build narrowed by generator options says of a combination it left out (and marlin of a
-# sum the device cannot take).
-NARROWED = (
-    "(narrowed by APHRODITE_GENERATOR_OPTIONS",
-    "was left out of this build",
-    "this build does not hold",
-    "sm_90 only",
-)
 
 
 class Pointwise:
@@ -187,12 +179,8 @@ def capture(chain, static):
 def _eager(chain, inputs):
     """The chain's results on its own copy of `inputs`, cloned; skips what a narrowed build left
     out."""
-    try:
+    with skip_left_out():
         return [r.clone() for r in chain.run(**{k: v.clone() for k, v in inputs.items()})]
-    except RuntimeError as e:
-        if not any(reason in str(e) for reason in NARROWED):
-            raise
-        pytest.skip(str(e).splitlines()[0])
 
 
 @pytest.fixture(autouse=True)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from narrowed import left_out, skip_left_out
 
 import aphrodite_ext
 from aphrodite_ext.ops import marlin
@@ -355,11 +356,8 @@ def run_gemm(a, layer, weight_type, bias=None, workspace=None):
         )
     except RuntimeError as e:
         # A build narrowed by the generator options: a combination, or a block shape that
-        # APHRODITE_MARLIN_CONFIG forces, that it left out.
-        if any(
-            reason in str(e)
-            for reason in ("was left out of this build", "this build does not hold", "sm_90 only")
-        ):
+        # APHRODITE_MARLIN_CONFIG forces, that it left out; or a forced sm_90a shape elsewhere.
+        if left_out(e) or "sm_90 only" in str(e):
             pytest.skip(str(e).splitlines()[0])
         raise
 
@@ -708,12 +706,8 @@ def test_gemm_forced_config_bad(device, monkeypatch, config):
 
 def skip_if_left_out(args):
     """Skips the test where a narrowed build left out the combination of `args`."""
-    try:
+    with skip_left_out():
         torch.ops._C.gptq_marlin_gemm(*args)
-    except RuntimeError as e:
-        if "was left out of this build" not in str(e):
-            raise
-        pytest.skip(str(e).splitlines()[0])
 
 
 def built_gemm_args(device):
@@ -724,7 +718,7 @@ def built_gemm_args(device):
             torch.ops._C.gptq_marlin_gemm(*args)
             return args
         except RuntimeError as e:
-            if "was left out of this build" not in str(e):
+            if not left_out(e):
                 raise
     pytest.skip("this build holds neither fp16 uint4b8 nor fp16 uint4")
 
