@@ -96,8 +96,8 @@ def check_build_info(
 # Knobs the extension modules read at run time, and the values each takes (the C++ side reads
 # them without checking: a module is not loaded while one is set to anything else).
 RUNTIME_KNOBS = {
-    # Programmatic dependent launch on sm_90+ of the kernels that kernels/common/launch.cuh
-    # launches (not marlin's nor attention's): "0" launches them plainly.
+    # Programmatic dependent launch on sm_90+ of every kernel but flash attention's
+    # (kernels/common/launch.cuh): "0" launches them plainly.
     "APHRODITE_PDL": ("0", "1"),
 }
 

@@ -30,6 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402
 
 import aphrodite_ext  # noqa: E402
+from aphrodite_ext.ops import marlin  # noqa: E402
+from aphrodite_ext.ops.paged_attention import paged_attention  # noqa: E402
 
 HIDDEN, HEADS, KV_HEADS, HEAD, INTER, BLOCK, GROUP = 4096, 32, 8, 128, 14336, 16, 128
 CONTEXT = 1024
@@ -39,10 +41,7 @@ FAMILIES = ("activation", "layernorm", "rotary", "cache", "paged_attention", "ma
 
 class Layer:
     def __init__(self, batch: int, dtype=torch.float16, device="cuda"):
-        from aphrodite_ext.ops import marlin
-
         self.batch, self.dtype, self.device = batch, dtype, device
-        self.marlin = marlin
 
         def weights(k, n):
             packed = torch.randint(-(2**31), 2**31 - 1, (k // 16, 2 * n), dtype=torch.int32)
@@ -78,7 +77,7 @@ class Layer:
         self.gate_up = self.gemm(self.o, self.wgu)
 
     def gemm(self, a, weights):
-        return self.marlin.gptq_marlin_gemm(a, *weights, self.workspace)
+        return marlin.gptq_marlin_gemm(a, *weights, self.workspace)
 
     # The layer's kernels, one callable each.
     def norm_in(self):
@@ -100,8 +99,6 @@ class Layer:
         )  # fmt: skip
 
     def attention(self):
-        from aphrodite_ext.ops.paged_attention import paged_attention
-
         q = self.qkv[:, : HEADS * HEAD].view(self.batch, HEADS, HEAD)
         paged_attention(
             q, self.key_cache, self.value_cache, self.block_tables, self.seq_lens, CONTEXT,
