@@ -11,7 +11,7 @@ rms_norm, marlin qkv, rotary, reshape_and_cache, paged attention (v1, or v2 wher
 splits: batch 1), marlin o, fused_add_rms_norm, marlin gate/up, silu_and_mul, marlin down. The
 weights are random bits (the GEMM's time does not depend on them).
 
-    python benchmarks/bench_decode_layer.py [--out DIR] [--rounds N]
+    python benchmarks/bench_decode_layer.py [--out DIR] [--rounds N] [--batches B ...]
 """
 
 from __future__ import annotations
@@ -132,8 +132,9 @@ class Layer:
         ]  # fmt: skip
 
 
-# (label, first kernel, second kernel)
+# (label, first kernel, second kernel or None: the first after itself)
 PAIRS = [
+    ("paged attention", "attention", None),
     ("rms_norm, marlin qkv", "norm_in", "qkv_proj"),
     ("marlin qkv, rotary", "qkv_proj", "rotary"),
     ("rotary, reshape_and_cache", "rotary", "cache"),
@@ -144,16 +145,17 @@ PAIRS = [
 ]
 
 
-def worker() -> None:
+def worker(batches: list[int]) -> None:
     """Times every case under this process's APHRODITE_PDL; prints them as JSON."""
     out = {}
-    for batch in BATCHES:
+    for batch in batches:
         layer = Layer(batch)
         ms = harness.graph_ms(layer.step, calls=10, reps=30)
         out[f"layer step|{batch}"] = None if ms is None else ms * 1e3
         for label, first, second in PAIRS:
-            a, b = getattr(layer, first), getattr(layer, second)
-            ms = harness.graph_ms(lambda a=a, b=b: (a(), b()), calls=25)
+            a = getattr(layer, first)
+            b = getattr(layer, second) if second else None
+            ms = harness.graph_ms(lambda a=a, b=b: (a(), b and b()), calls=25)
             out[f"{label}|{batch}"] = None if ms is None else ms * 1e3
         del layer
         torch.cuda.empty_cache()
@@ -164,8 +166,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if any(b < 1 for b in args.batches):
+        raise SystemExit(f"bench_decode_layer: --batches must be positive, got {args.batches}")
     if not torch.cuda.is_available():
         raise SystemExit("bench_decode_layer: needs a CUDA GPU")
     missing = [why for built, why in map(aphrodite_ext.family_status, FAMILIES) if not built]
@@ -173,13 +178,13 @@ def main() -> None:
         raise SystemExit("bench_decode_layer: " + "; ".join(missing))
     aphrodite_ext.load("_C")
     if args.worker:
-        worker()
+        worker(args.batches)
         return
     runs: dict[str, list[dict]] = {"0": [], "1": []}
     for _ in range(args.rounds):
         for pdl in runs:
             proc = subprocess.run(
-                [sys.executable, __file__, "--worker"],
+                [sys.executable, __file__, "--worker", "--batches", *map(str, args.batches)],
                 capture_output=True,
                 text=True,
                 env={**os.environ, "APHRODITE_PDL": pdl},
@@ -208,7 +213,7 @@ def main() -> None:
         f"decode layer (fp16, hidden {HIDDEN}, "
         f"{HEADS} / {KV_HEADS} heads of {HEAD}, intermediate {INTER}, W4A16 group {GROUP}, context "
         f"{CONTEXT}), 10 steps replayed from one CUDA graph; a pair `X, Y` is X then Y, 25 times "
-        f"over from one graph, per pair. Median of {args.rounds} rounds (range), the rounds "
+        f"over from one graph, per pair (`paged attention` alone: itself 25 times, per call). Median of {args.rounds} rounds (range), the rounds "
         "alternating APHRODITE_PDL=0 and 1, each in its own process."
     )
     print(harness.write("decode_layer", "cuda", header, rows, out_dir=args.out, notes=notes))

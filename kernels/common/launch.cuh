@@ -92,6 +92,54 @@ bool use_pdl() {
 }
 
 #if !defined(USE_ROCM)
+/// The dynamic shared memory to launch `Kernel` with, given the `smem` bytes it uses: where it
+/// launches with PDL and `grid` has at most one block an SM, enough that no SM can hold two of
+/// its blocks (more than half an SM's shared memory with its static share); else `smem`.
+///
+/// Why: blocks of a kernel launched with PDL are placed while the kernel before it still holds
+/// SMs, and then some SMs got two blocks of a one-wave grid, which run each other's memory
+/// traffic at half speed and set the grid's time. H200, paged attention (128-thread blocks of
+/// 80 KiB, two fit an SM) replayed from a CUDA graph, batch 8 / 16 (64 / 128 blocks): 19.94 /
+/// 23.54 us with PDL against 18.65 / 21.95 without; at more than half the SM, 17.41 / 21.23.
+/// Grids of 96, 120 and 136 blocks, and every grid launched plainly, moved by under 0.2 us
+/// (benchmarks/results/decode_layer_cuda_h200.md). The caller must allow the result
+/// (cudaFuncAttributeMaxDynamicSharedMemorySize) where it passes 48 KiB.
+template <auto Kernel>
+int one_block_an_sm_smem(dim3 grid, int smem) {
+  if (!use_pdl<Kernel>()) return smem;
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return smem;
+  }
+  static PerDevice sms_known;
+  const int sms = sms_known.get(device, [device] {
+    int sms = 0;
+    return cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess
+               ? sms
+               : ((void)cudaGetLastError(), 0);
+  });
+  if (sms <= 0 || int64_t{grid.x} * grid.y * grid.z > sms) return smem;
+  // The dynamic bytes that take a block past half the SM, or -1 where the kernel may not have
+  // them (its opt-in limit): kept per device.
+  static PerDevice floor_known;
+  const int floor = floor_known.get(device, [device] {
+    int per_sm = 0, optin = 0;
+    cudaFuncAttributes attrs{};
+    if (cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device) !=
+            cudaSuccess ||
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
+            cudaSuccess ||
+        cudaFuncGetAttributes(&attrs, Kernel) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return 0;
+    }
+    const int dynamic = per_sm / 2 + 1 - static_cast<int>(attrs.sharedSizeBytes);
+    return static_cast<int>(attrs.sharedSizeBytes) + dynamic <= optin ? dynamic : -1;
+  });
+  return floor > smem ? floor : smem;
+}
+
 /// The launch attribute that lets a kernel start while the one before it in the stream runs.
 inline cudaLaunchAttribute pdl_attribute() {
   cudaLaunchAttribute pdl{};
