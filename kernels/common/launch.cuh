@@ -97,13 +97,13 @@ bool use_pdl() {
 /// its blocks (more than half an SM's shared memory with its static share); else `smem`.
 ///
 /// Why: blocks of a kernel launched with PDL are placed while the kernel before it still holds
-/// SMs, and then some SMs got two blocks of a one-wave grid, which run each other's memory
-/// traffic at half speed and set the grid's time. H200, paged attention (128-thread blocks of
-/// 80 KiB, two fit an SM) replayed from a CUDA graph, batch 8 / 16 (64 / 128 blocks): 19.94 /
-/// 23.54 us with PDL against 18.65 / 21.95 without; at more than half the SM, 17.41 / 21.23.
-/// Grids of 96, 120 and 136 blocks, and every grid launched plainly, moved by under 0.2 us
-/// (benchmarks/results/decode_layer_cuda_h200.md). The caller must allow the result
-/// (cudaFuncAttributeMaxDynamicSharedMemorySize) where it passes 48 KiB.
+/// SMs; a one-wave grid then ran slower than launched plainly, as if some SMs had taken two of
+/// its blocks (sharing the SM, they finish last), and faster once two could not fit. H200, paged
+/// attention (128-thread blocks of 80 KiB, two fit an SM) replayed from a CUDA graph, batch 8 / 16
+/// (64 / 128 blocks): 19.94 / 23.54 us with PDL against 18.65 / 21.95 without; at more than half
+/// the SM, 17.41 / 21.23. With PDL, grids of 96 and 120 blocks moved by under 0.1 us; launched
+/// plainly, none by more than 0.4 (benchmarks/results/decode_layer_cuda_h200.md). The caller must
+/// allow the result (cudaFuncAttributeMaxDynamicSharedMemorySize) where it passes 48 KiB.
 template <auto Kernel>
 int one_block_an_sm_smem(dim3 grid, int smem) {
   if (!use_pdl<Kernel>()) return smem;
