@@ -99,11 +99,11 @@ bool use_pdl() {
 /// Why: blocks of a kernel launched with PDL are placed while the kernel before it still holds
 /// SMs; a one-wave grid then ran slower than launched plainly, as if some SMs had taken two of
 /// its blocks (sharing the SM, they finish last), and faster once two could not fit. H200, paged
-/// attention (128-thread blocks of 80 KiB, two fit an SM) replayed from a CUDA graph, batch 8 / 16
-/// (64 / 128 blocks): 19.94 / 23.54 us with PDL against 18.65 / 21.95 without; at more than half
-/// the SM, 17.41 / 21.23. With PDL, grids of 96 and 120 blocks moved by under 0.1 us; launched
-/// plainly, none by more than 0.4 (benchmarks/results/decode_layer_cuda_h200.md). The caller must
-/// allow the result (cudaFuncAttributeMaxDynamicSharedMemorySize) where it passes 48 KiB.
+/// attention (128-thread blocks of 80 KiB, two fit an SM) replayed from a CUDA graph, 128-block
+/// grids (batch 8, v2; batch 16, v1): 19.94 / 23.54 us with PDL against 18.65 / 21.95 without; at
+/// more than half the SM, 17.41 / 21.23. Grids larger than the SMs (136-240 blocks) did not lose
+/// with PDL (benchmarks/results/decode_layer_cuda_h200.md). The caller must allow the result
+/// (cudaFuncAttributeMaxDynamicSharedMemorySize) where it passes 48 KiB.
 template <auto Kernel>
 int one_block_an_sm_smem(dim3 grid, int smem) {
   if (!use_pdl<Kernel>()) return smem;
