@@ -10,6 +10,10 @@ group folded into the sequence dimension ([batch, kv_heads, group, head], no mas
 math, as an MHA problem with `group` query tokens). Neither copies the KV
 (repeat_interleave would read it group times).
 
+At small batches (1 to 16 sequences of 1024 and 4096 tokens), the `paged_attention` wrapper with
+version="auto" (split_kv's choice of v1 or v2 and its partitions) against the same SDPA, and v2
+over 512-token partitions (the fixed split of vLLM's scratch) beside it.
+
 The XL variant (xl_paged_attention_v1: score = scale * ((q + u) . k + matrix_bd[token])) is timed
 at the same sizes against the same two SDPA forms given q + u as the query and scale *
 matrix_bd as an additive attn_mask (the mask's bytes are not counted in KV TB/s).
@@ -31,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402
 
 import aphrodite_ext  # noqa: E402
+from aphrodite_ext.ops.paged_attention import paged_attention, split_kv  # noqa: E402
 
 HEADS, KV_HEADS, HEAD, BLOCK = 32, 8, 128, 16
 PARTITION = 512
@@ -238,6 +243,36 @@ def main():
         del pb
         torch.cuda.empty_cache()
 
+    for ctx in (1024, 4096):
+        for batch in (1, 4, 8, 16):
+            pb = Problem(batch, ctx, gen)
+            ref = pb.sdpa_grouped()
+            parts = split_kv("auto", ctx, batch, HEADS, KV_HEADS, pb.q.device)
+            auto_name = f"auto: v2 over {parts}" if parts else "auto: v1"
+
+            def auto(pb=pb):
+                paged_attention(
+                    pb.q, pb.key_cache, pb.value_cache, pb.tables, pb.seq_lens, pb.ctx, pb.scale,
+                    k_scale=pb.one, v_scale=pb.one, out=pb.out,
+                )  # fmt: skip
+
+            for name, fn in ((auto_name, auto), ("v2 over 512-token partitions", pb.v2)):
+                pb.out.fill_(float("nan"))
+                fn()
+                check(f"{name} (batch {batch}, ctx {ctx})", pb.out, ref)
+            times = {
+                "sdpa enable_gqa": harness.median_ms(pb.sdpa_gqa, "cuda"),
+                "sdpa grouped": harness.median_ms(pb.sdpa_grouped, "cuda"),
+                auto_name: harness.median_ms(auto, "cuda"),
+                "v2 over 512-token partitions": harness.median_ms(pb.v2, "cuda"),
+            }
+            peer = min(times["sdpa enable_gqa"], times["sdpa grouped"])
+            for name, ms in times.items():
+                tbs = pb.kv_bytes / ms / 1e9
+                rows.append([batch, ctx, name, f"{ms:.4f}", f"{tbs:.2f}", f"{peer / ms:.2f}"])
+            del pb
+            torch.cuda.empty_cache()
+
     copy = copy_tbs()
     pb = Problem(1, 65536, gen)
     pb.out.fill_(float("nan"))
@@ -257,7 +292,7 @@ def main():
     )
     notes = (
         f"bf16, {HEADS} query heads / {KV_HEADS} kv heads, head {HEAD}, block {BLOCK}, "
-        f"v2 partitions of {PARTITION} tokens; KV TB/s = K and V bytes of every token "
+        f"v2 partitions of {PARTITION} tokens but the 'auto' rows' (split_kv); KV TB/s = K and V bytes of every token "
         "once / time; 'vs SDPA' = the faster SDPA's time / this time (SDPA rows: vs "
         "the faster of the two); copy rate = bytes read + written / time. XL rows: "
         "xl_paged_attention_v1 against SDPA given q + u and scale * matrix_bd as an "

@@ -249,12 +249,16 @@ if aphrodite_ext.family_status("paged_attention")[0]:
         tables = torch.randperm(num_blocks, device=dev)[: nseq * nblk].view(nseq, nblk).int()
         q = torch.randn(nseq, heads, head, dtype=torch.bfloat16, device=dev)
         out = torch.empty_like(q)
-        parts = (max_len + 511) // 512
-        scratch = dict(
-            exp_sums=torch.empty(nseq, heads, parts, device=dev),
-            max_logits=torch.empty(nseq, heads, parts, device=dev),
-            tmp_out=torch.empty(nseq, heads, parts, head, device=dev),
-        )
+        # v2 over the fewest partitions the op takes (512 tokens) and over 23 (32-token ones,
+        # as split_kv gives a small batch: the op splits over every partition it is given).
+        scratches = [
+            dict(
+                exp_sums=torch.empty(nseq, heads, parts, device=dev),
+                max_logits=torch.empty(nseq, heads, parts, device=dev),
+                tmp_out=torch.empty(nseq, heads, parts, head, device=dev),
+            )
+            for parts in ((max_len + 511) // 512, 23)
+        ]
         one = torch.ones((), device=dev)
         common = dict(
             out=out,
@@ -282,9 +286,10 @@ if aphrodite_ext.family_status("paged_attention")[0]:
             if "not built" not in str(e) and "were not built" not in str(e):
                 raise
             continue  # this build's generator options left the combination out
-        _pa_call("paged_attention_v2", alibi_slopes=None, **scratch, **common)
+        for scratch in scratches:
+            _pa_call("paged_attention_v2", alibi_slopes=None, **scratch, **common)
         _pa_call("xl_paged_attention_v1", alibi_slopes=None, **xl, **common)
-        _pa_call("xl_paged_attention_v2", alibi_slopes=alibi, **xl, **scratch, **common)
+        _pa_call("xl_paged_attention_v2", alibi_slopes=alibi, **xl, **scratches[1], **common)
 # flash_attn (_fa2_C): ragged lengths off the 64-row tiles, a query longer than its keys
 # (rows that see no key), GQA, with the LSE, both masks; then the paged variant on a cache of
 # 16-row blocks in shuffled order (a 64-key tile spans four blocks; table entries past each

@@ -8,14 +8,19 @@ The caches use the layout reshape_and_cache writes:
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 
 from .. import load
 
-#: Tokens per v2 partition: v2 scratch holds ceil(max_seq_len / PARTITION_SIZE) partitions.
+#: The most tokens a v2 partition takes: a v2 scratch holds at least
+#: ceil(max_seq_len / PARTITION_SIZE) partitions, and the ops split the longest sequence over all
+#: the partitions it holds, in whole 16-token steps (or cache blocks, where longer).
 PARTITION_SIZE = 512
+#: The fewest tokens a partition of split_kv's choosing takes (shorter ones lost on an H200).
+MIN_PARTITION_SIZE = 64
 
 
 def _scale_tensor(value: float | torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -25,10 +30,16 @@ def _scale_tensor(value: float | torch.Tensor, device: torch.device) -> torch.Te
 
 
 def v2_scratch(
-    num_seqs: int, num_heads: int, head_size: int, max_seq_len: int, device: torch.device
+    num_seqs: int,
+    num_heads: int,
+    head_size: int,
+    max_seq_len: int,
+    device: torch.device,
+    partitions: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(exp_sums, max_logits, tmp_out), float32, sized for max_seq_len."""
-    parts = max(1, math.ceil(max_seq_len / PARTITION_SIZE))
+    """(exp_sums, max_logits, tmp_out), float32, for `partitions` partitions (default, and at
+    least, ceil(max_seq_len / PARTITION_SIZE)): the split the v2 ops will make."""
+    parts = max(1, math.ceil(max_seq_len / PARTITION_SIZE), partitions or 0)
     kw = dict(dtype=torch.float32, device=device)
     return (
         torch.empty(num_seqs, num_heads, parts, **kw),
@@ -37,13 +48,46 @@ def v2_scratch(
     )
 
 
-def _use_v2(version: str, max_seq_len: int, num_seqs: int, num_heads: int) -> bool:
+@functools.cache
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def split_kv(
+    version: str,
+    max_seq_len: int,
+    num_seqs: int,
+    num_heads: int,
+    num_kv_heads: int,
+    device: torch.device,
+) -> int:
+    """How paged_attention and xl_paged_attention run `version` ("auto", "v1" or "v2"): 0 for
+    v1 (one pass), else the number of partitions v2 splits each sequence into.
+
+    On a GPU, v1 runs a thread block a (sequence, KV head); v2 where those leave at least half
+    the SMs idle (or past 8192 tokens), over as many partitions as keep the grid within one
+    block an SM (at least ceil(max_seq_len / PARTITION_SIZE), and partitions of at least
+    MIN_PARTITION_SIZE tokens). H200, GQA 32/8, head 128, cold L2 (kernels/attention/NOTES.md):
+    one sequence of 1024 tokens 11.2 us over 16 partitions against 17.8 over 2 (23.1 with v1),
+    8 sequences 20.5 over 2 (23.3 with v1), 16 sequences 24.4 with v1 (30.0 over 2). Elsewhere
+    (the CPU) vLLM's rule: v2 past 8192 tokens, or past 512 while num_seqs x num_heads < 512,
+    over ceil(max_seq_len / PARTITION_SIZE) partitions."""
     if version not in ("auto", "v1", "v2"):
         raise ValueError(f"version must be 'auto', 'v1' or 'v2', got {version!r}")
-    if version != "auto":
-        return version == "v2"
-    # vLLM's heuristic: split long contexts unless the batch alone fills the GPU.
-    return max_seq_len > 8192 or (max_seq_len > PARTITION_SIZE and num_seqs * num_heads < 512)
+    least = max(1, math.ceil(max_seq_len / PARTITION_SIZE))
+    if device.type != "cuda":
+        if version == "auto":
+            v2 = max_seq_len > 8192 or (max_seq_len > PARTITION_SIZE and num_seqs * num_heads < 512)
+            return least if v2 else 0
+        return least if version == "v2" else 0
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    fill = _sm_count(index) // max(1, num_seqs * num_kv_heads)
+    if version == "v1" or (
+        version == "auto"
+        and not (max_seq_len > 8192 or (max_seq_len > PARTITION_SIZE and fill >= 2))
+    ):
+        return 0
+    return max(least, min(fill, math.ceil(max_seq_len / MIN_PARTITION_SIZE)))
 
 
 def paged_attention(
@@ -62,8 +106,8 @@ def paged_attention(
     version: str = "auto",
 ) -> torch.Tensor:
     """Attention of one query token per sequence ([num_seqs, num_heads, head_size]) over its
-    cached tokens. version: "v1" (one pass), "v2" (split into PARTITION_SIZE-token partitions,
-    then reduced) or "auto"."""
+    cached tokens. version: "v1" (one pass), "v2" (split into partitions, then reduced) or
+    "auto" (split_kv says which and how)."""
     load("_C")
     num_seqs, num_heads, head_size = query.shape
     out = torch.empty_like(query) if out is None else out
@@ -82,8 +126,9 @@ def paged_attention(
         _scale_tensor(k_scale, query.device),
         _scale_tensor(v_scale, query.device),
     )
-    if _use_v2(version, max_seq_len, num_seqs, num_heads):
-        scratch = v2_scratch(num_seqs, num_heads, head_size, max_seq_len, query.device)
+    parts = split_kv(version, max_seq_len, num_seqs, num_heads, key_cache.shape[1], query.device)
+    if parts:
+        scratch = v2_scratch(num_seqs, num_heads, head_size, max_seq_len, query.device, parts)
         torch.ops._C.paged_attention_v2(out, *scratch, *args)
     else:
         torch.ops._C.paged_attention_v1(out, *args)
@@ -128,8 +173,9 @@ def xl_paged_attention(
         _scale_tensor(k_scale, query.device),
         _scale_tensor(v_scale, query.device),
     )
-    if _use_v2(version, max_seq_len, num_seqs, num_heads):
-        scratch = v2_scratch(num_seqs, num_heads, head_size, max_seq_len, query.device)
+    parts = split_kv(version, max_seq_len, num_seqs, num_heads, key_cache.shape[1], query.device)
+    if parts:
+        scratch = v2_scratch(num_seqs, num_heads, head_size, max_seq_len, query.device, parts)
         torch.ops._C.xl_paged_attention_v2(out, *scratch, *args)
     else:
         torch.ops._C.xl_paged_attention_v1(out, *args)

@@ -18,7 +18,9 @@
 namespace aphrodite {
 namespace {
 
-/// Tokens per v2 partition; aphrodite_ext.ops.paged_attention.PARTITION_SIZE mirrors it.
+/// The most tokens a v2 partition takes: a scratch holds at least ceil(max_seq_len / 512)
+/// partitions, and the ops split over all it holds (attention::v2_partition_size);
+/// aphrodite_ext.ops.paged_attention.PARTITION_SIZE mirrors it.
 constexpr int64_t kPartitionSize = 512;
 
 bool supported_head_size(int64_t h) {
@@ -275,7 +277,8 @@ void run(const char* op, const attention::PagedAttentionProblem& p,
 
 attention::PagedAttentionV2Scratch make_scratch(const char* op, at::Tensor& exp_sums,
                                                 at::Tensor& max_logits, at::Tensor& tmp_out,
-                                                const at::Tensor& query, int64_t max_seq_len) {
+                                                const at::Tensor& query, int64_t max_seq_len,
+                                                int64_t block_size) {
   const int64_t num_seqs = query.size(0), num_heads = query.size(1);
   const int64_t parts =
       check_scratch(op, "tmp_out", tmp_out, num_seqs, num_heads, query.size(2), max_seq_len, query);
@@ -284,9 +287,9 @@ attention::PagedAttentionV2Scratch make_scratch(const char* op, at::Tensor& exp_
     TORCH_CHECK(check_scratch(op, name, t, num_seqs, num_heads, 0, max_seq_len, query) == parts, op,
                 ": ", name, " must have tmp_out's ", parts, " partitions, got ", t.size(2));
   }
-  return attention::PagedAttentionV2Scratch{exp_sums.data_ptr<float>(),
-                                            max_logits.data_ptr<float>(), tmp_out.data_ptr<float>(),
-                                            parts, kPartitionSize};
+  return attention::PagedAttentionV2Scratch{
+      exp_sums.data_ptr<float>(), max_logits.data_ptr<float>(), tmp_out.data_ptr<float>(), parts,
+      attention::v2_partition_size(max_seq_len, parts, block_size)};
 }
 
 void paged_attention_v1(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
@@ -323,7 +326,8 @@ void paged_attention_v2(at::Tensor& out, at::Tensor& exp_sums, at::Tensor& max_l
   const auto p = make_problem(op, out, query, nullptr, nullptr, key_cache, value_cache,
                               num_kv_heads, scale, block_tables, seq_lens, block_size, max_seq_len,
                               alibi_slopes, kv_cache_dtype, k_scale, v_scale);
-  const auto scratch = make_scratch(op, exp_sums, max_logits, tmp_out, query, max_seq_len);
+  const auto scratch =
+      make_scratch(op, exp_sums, max_logits, tmp_out, query, max_seq_len, block_size);
   run(op, p, &scratch, out);
 }
 
@@ -353,7 +357,8 @@ void xl_paged_attention_v2(at::Tensor& out, at::Tensor& exp_sums, at::Tensor& ma
   const auto p = make_problem(op, out, query, &pos_bias_u, &matrix_bd, key_cache, value_cache,
                               num_kv_heads, scale, block_tables, seq_lens, block_size, max_seq_len,
                               std::nullopt, kv_cache_dtype, k_scale, v_scale);
-  const auto scratch = make_scratch(op, exp_sums, max_logits, tmp_out, query, max_seq_len);
+  const auto scratch =
+      make_scratch(op, exp_sums, max_logits, tmp_out, query, max_seq_len, block_size);
   run(op, p, &scratch, out);
 }
 

@@ -13,9 +13,12 @@ import torch.nn.functional as F
 from narrowed import skip_left_out
 
 import aphrodite_ext
+from aphrodite_ext.ops import paged_attention as pa_module
 from aphrodite_ext.ops.paged_attention import (
+    MIN_PARTITION_SIZE,
     PARTITION_SIZE,
     paged_attention_ref,
+    split_kv,
     v2_scratch,
 )
 from aphrodite_ext.ops.paged_attention import paged_attention as _paged_attention
@@ -533,6 +536,60 @@ def test_v2_accepts_extra_partitions(device):
     a["out"] = torch.full_like(b.query, float("nan"))
     torch.ops._C.paged_attention_v2(**a)
     check(a["out"], b.ref(), torch.float32)
+
+
+@_skip_left_out
+@pytest.mark.parametrize("block_size", BLOCK_SIZES)
+def test_v2_splits_over_every_partition(device, block_size):
+    """The v2 op splits the longest sequence over all the partitions its scratch holds, in whole
+    steps: from the fewest it accepts to more than one a step (the rest then stay unused)."""
+    b = Batch([1100, 517, 7, 0, 83], 8, 2, 64, block_size, torch.float32, device)
+    ref = b.ref()
+    for partitions in (3, 7, 18, 69, 100):
+        exp_sums, max_logits, tmp_out = v2_scratch(5, 8, 64, b.max_seq_len, device, partitions)
+        assert tmp_out.shape[2] == partitions
+        out = torch.full_like(b.query, float("nan"))
+        torch.ops._C.paged_attention_v2(
+            out, exp_sums, max_logits, tmp_out, b.query, b.key_cache, b.value_cache, 2, b.scale,
+            b.block_tables, b.seq_lens, block_size, b.max_seq_len, None, "auto",
+            *(torch.ones(1, device=device),) * 2,
+        )  # fmt: skip
+        check(out, ref, torch.float32)
+
+
+def test_split_kv(monkeypatch):
+    """split_kv's rule, on a GPU of 132 SMs (faked: no GPU needed) and on the CPU, over random
+    problems: v1 where asked or where the (sequence, KV head) blocks fill half the SMs (up to
+    8192 tokens); else at least ceil(max_seq_len / PARTITION_SIZE) partitions, more only while
+    the grid stays within one block an SM and partitions keep MIN_PARTITION_SIZE tokens."""
+    monkeypatch.setattr(pa_module, "_sm_count", lambda index: 132)
+    gpu, cpu = torch.device("cuda", 0), torch.device("cpu")
+    with pytest.raises(ValueError, match="version must be"):
+        split_kv("v3", 100, 1, 8, 8, gpu)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(500):
+        length = int(torch.randint(1, 70000, (1,), generator=gen))
+        seqs = int(torch.randint(1, 300, (1,), generator=gen))
+        kv = int(torch.randint(1, 17, (1,), generator=gen))
+        heads = kv * int(torch.randint(1, 9, (1,), generator=gen))
+        least = max(1, math.ceil(length / PARTITION_SIZE))
+        assert split_kv("v1", length, seqs, heads, kv, gpu) == 0
+        assert split_kv("v1", length, seqs, heads, kv, cpu) == 0
+        assert split_kv("v2", length, seqs, heads, kv, cpu) == least
+        vllm = length > 8192 or (length > PARTITION_SIZE and seqs * heads < 512)
+        assert split_kv("auto", length, seqs, heads, kv, cpu) == (least if vllm else 0)
+        parts = split_kv("v2", length, seqs, heads, kv, gpu)
+        assert parts >= least
+        if parts > least:
+            assert seqs * kv * parts <= 132
+            assert parts <= math.ceil(length / MIN_PARTITION_SIZE)
+        auto = split_kv("auto", length, seqs, heads, kv, gpu)
+        fills_half = seqs * kv * 2 > 132
+        v1 = length <= 8192 and (length <= PARTITION_SIZE or fills_half)
+        assert auto == (0 if v1 else parts)
+    # One sequence of 1024 tokens over 8 KV heads: 16 partitions of 64 tokens.
+    assert split_kv("auto", 1024, 1, 32, 8, gpu) == 16
+    assert split_kv("auto", 1024, 16, 32, 8, gpu) == 0
 
 
 def _xl_args(device):
