@@ -5,6 +5,7 @@ ops), into caches poisoned with NaN, with shuffled block tables whose unused ent
 outside the cache: a kernel that reads a slot or a block it should not will fail."""
 
 import functools
+import importlib
 import math
 
 import pytest
@@ -13,7 +14,6 @@ import torch.nn.functional as F
 from narrowed import skip_left_out
 
 import aphrodite_ext
-from aphrodite_ext.ops import paged_attention as pa_module
 from aphrodite_ext.ops.paged_attention import (
     MIN_PARTITION_SIZE,
     PARTITION_SIZE,
@@ -562,7 +562,9 @@ def test_split_kv(monkeypatch):
     problems: v1 where asked or where the (sequence, KV head) blocks fill half the SMs (up to
     8192 tokens); else at least ceil(max_seq_len / PARTITION_SIZE) partitions, more only while
     the grid stays within one block an SM and partitions keep MIN_PARTITION_SIZE tokens."""
-    monkeypatch.setattr(pa_module, "_sm_count", lambda index: 132)
+    # (aphrodite_ext.ops.paged_attention is also the name of the function ops exports)
+    module = importlib.import_module("aphrodite_ext.ops.paged_attention")
+    monkeypatch.setattr(module, "_sm_count", lambda index: 132)
     gpu, cpu = torch.device("cuda", 0), torch.device("cpu")
     with pytest.raises(ValueError, match="version must be"):
         split_kv("v3", 100, 1, 8, 8, gpu)
