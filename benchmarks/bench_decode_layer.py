@@ -1,14 +1,14 @@
 """One decode step of a Llama-style layer on our kernels, replayed from a CUDA graph, with
 programmatic dependent launch (PDL) off and on (APHRODITE_PDL=0 / 1, each in its own process,
 rounds alternating): what launches that overlap the previous kernel's end add up to over the ten
-kernels of a layer (eleven at batch 1, where paged attention v2 adds its reduce), and, pair by
+kernels of a layer (eleven where paged attention runs v2, which adds its reduce), and, pair by
 pair, what two neighbouring kernels of it take replayed in turn (each pair has two such
 boundaries: the second kernel after the first, the first after the second).
 
 The layer (fp16; hidden 4096, 32 query and 8 KV heads of 128, intermediate 14336; 4-bit weights
 in groups of 128; a paged KV cache of 16-token blocks, every sequence `CONTEXT` tokens):
-rms_norm, marlin qkv, rotary, reshape_and_cache, paged attention (v1, or v2 where its heuristic
-splits: batch 1), marlin o, fused_add_rms_norm, marlin gate/up, silu_and_mul, marlin down. The
+rms_norm, marlin qkv, rotary, reshape_and_cache, paged attention (v1, or v2 where split_kv
+splits: batch 1 to 8 here), marlin o, fused_add_rms_norm, marlin gate/up, silu_and_mul, marlin down. The
 weights are random bits (the GEMM's time does not depend on them).
 
     python benchmarks/bench_decode_layer.py [--out DIR] [--rounds N] [--batches B ...]
@@ -209,7 +209,7 @@ def main() -> None:
         rows.append([what, batch, off, on, saved])
     header = ["case", "batch", "PDL off us", "PDL on us", "off - on us"]
     notes = (
-        f"Per call, us: `layer step` is the ten kernels (eleven at batch 1: v2's reduce) of one "
+        f"Per call, us: `layer step` is the ten kernels (eleven where attention runs v2: its reduce) of one "
         f"decode layer (fp16, hidden {HIDDEN}, "
         f"{HEADS} / {KV_HEADS} heads of {HEAD}, intermediate {INTER}, W4A16 group {GROUP}, context "
         f"{CONTEXT}), 10 steps replayed from one CUDA graph; a pair `X, Y` is X then Y, 25 times "

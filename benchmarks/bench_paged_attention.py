@@ -11,8 +11,8 @@ math, as an MHA problem with `group` query tokens). Neither copies the KV
 (repeat_interleave would read it group times).
 
 At small batches (1 to 16 sequences of 1024 and 4096 tokens), the `paged_attention` wrapper with
-version="auto" (split_kv's choice of v1 or v2 and its partitions) against the same SDPA, and v2
-over 512-token partitions (the fixed split of vLLM's scratch) beside it.
+version="auto" (split_kv's choice of v1 or v2 and its partition size) against the same SDPA, and
+v2 in 512-token partitions (vLLM's, the ops' default) beside it.
 
 The XL variant (xl_paged_attention_v1: score = scale * ((q + u) . k + matrix_bd[token])) is timed
 at the same sizes against the same two SDPA forms given q + u as the query and scale *
@@ -247,8 +247,8 @@ def main():
         for batch in (1, 4, 8, 16):
             pb = Problem(batch, ctx, gen)
             ref = pb.sdpa_grouped()
-            parts = split_kv("auto", ctx, batch, HEADS, KV_HEADS, pb.q.device)
-            auto_name = f"auto: v2 over {parts}" if parts else "auto: v1"
+            size = split_kv("auto", ctx, batch, HEADS, KV_HEADS, BLOCK, pb.q.device)
+            auto_name = f"auto: v2 in {size}-token partitions" if size else "auto: v1"
 
             def auto(pb=pb):
                 paged_attention(
@@ -256,7 +256,7 @@ def main():
                     k_scale=pb.one, v_scale=pb.one, out=pb.out,
                 )  # fmt: skip
 
-            for name, fn in ((auto_name, auto), ("v2 over 512-token partitions", pb.v2)):
+            for name, fn in ((auto_name, auto), ("v2 in 512-token partitions", pb.v2)):
                 pb.out.fill_(float("nan"))
                 fn()
                 check(f"{name} (batch {batch}, ctx {ctx})", pb.out, ref)
@@ -264,7 +264,7 @@ def main():
                 "sdpa enable_gqa": harness.median_ms(pb.sdpa_gqa, "cuda"),
                 "sdpa grouped": harness.median_ms(pb.sdpa_grouped, "cuda"),
                 auto_name: harness.median_ms(auto, "cuda"),
-                "v2 over 512-token partitions": harness.median_ms(pb.v2, "cuda"),
+                "v2 in 512-token partitions": harness.median_ms(pb.v2, "cuda"),
             }
             peer = min(times["sdpa enable_gqa"], times["sdpa grouped"])
             for name, ms in times.items():

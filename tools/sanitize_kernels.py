@@ -249,15 +249,16 @@ if aphrodite_ext.family_status("paged_attention")[0]:
         tables = torch.randperm(num_blocks, device=dev)[: nseq * nblk].view(nseq, nblk).int()
         q = torch.randn(nseq, heads, head, dtype=torch.bfloat16, device=dev)
         out = torch.empty_like(q)
-        # v2 over the fewest partitions the op takes (512 tokens) and over 23 (32-token ones,
-        # as split_kv gives a small batch: the op splits over every partition it is given).
+        # v2 in partitions of 512 tokens (vLLM's) and of 32 (under split_kv's 64: the 16- and
+        # 32-token steps of the tensor-core kernel, partitions of one or two).
         scratches = [
             dict(
-                exp_sums=torch.empty(nseq, heads, parts, device=dev),
-                max_logits=torch.empty(nseq, heads, parts, device=dev),
-                tmp_out=torch.empty(nseq, heads, parts, head, device=dev),
+                exp_sums=torch.empty(nseq, heads, (max_len + size - 1) // size, device=dev),
+                max_logits=torch.empty(nseq, heads, (max_len + size - 1) // size, device=dev),
+                tmp_out=torch.empty(nseq, heads, (max_len + size - 1) // size, head, device=dev),
+                partition_size=size,
             )
-            for parts in ((max_len + 511) // 512, 23)
+            for size in (512, 32)
         ]
         one = torch.ones((), device=dev)
         common = dict(

@@ -15,9 +15,7 @@ import torch
 
 from .. import load
 
-#: The most tokens a v2 partition takes: a v2 scratch holds at least
-#: ceil(max_seq_len / PARTITION_SIZE) partitions, and the ops split the longest sequence over all
-#: the partitions it holds, in whole 16-token steps (or cache blocks, where longer).
+#: The v2 ops' default partition size (vLLM's, by which its callers size the scratch).
 PARTITION_SIZE = 512
 #: The fewest tokens a partition of split_kv's choosing takes (shorter ones lost on an H200).
 MIN_PARTITION_SIZE = 64
@@ -35,11 +33,11 @@ def v2_scratch(
     head_size: int,
     max_seq_len: int,
     device: torch.device,
-    partitions: int | None = None,
+    partition_size: int = PARTITION_SIZE,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(exp_sums, max_logits, tmp_out), float32, for `partitions` partitions (default, and at
-    least, ceil(max_seq_len / PARTITION_SIZE)): the split the v2 ops will make."""
-    parts = max(1, math.ceil(max_seq_len / PARTITION_SIZE), partitions or 0)
+    """(exp_sums, max_logits, tmp_out), float32, for max_seq_len tokens in partitions of
+    partition_size."""
+    parts = max(1, math.ceil(max_seq_len / partition_size))
     kw = dict(dtype=torch.float32, device=device)
     return (
         torch.empty(num_seqs, num_heads, parts, **kw),
@@ -59,35 +57,52 @@ def split_kv(
     num_seqs: int,
     num_heads: int,
     num_kv_heads: int,
+    block_size: int,
     device: torch.device,
+    heads_per_block: int = 16,
 ) -> int:
     """How paged_attention and xl_paged_attention run `version` ("auto", "v1" or "v2"): 0 for
-    v1 (one pass), else the number of partitions v2 splits each sequence into.
+    v1 (one pass), else v2's partition size in tokens.
 
-    On a GPU, v1 runs a thread block a (sequence, KV head); v2 where those leave at least half
-    the SMs idle (or past 8192 tokens), over as many partitions as keep the grid within one
-    block an SM (at least ceil(max_seq_len / PARTITION_SIZE), and partitions of at least
-    MIN_PARTITION_SIZE tokens). H200, GQA 32/8, head 128, cold L2 (kernels/attention/NOTES.md):
-    one sequence of 1024 tokens 11.2 us over 16 partitions against 17.8 over 2 (23.1 with v1),
-    8 sequences 20.5 over 2 (23.3 with v1), 16 sequences 24.4 with v1 (30.0 over 2). Elsewhere
-    (the CPU) vLLM's rule: v2 past 8192 tokens, or past 512 while num_seqs x num_heads < 512,
-    over ceil(max_seq_len / PARTITION_SIZE) partitions."""
+    On a CUDA GPU, v1 runs ceil(group / heads_per_block) thread blocks a (sequence, KV head),
+    group = num_heads / num_kv_heads (heads_per_block: 16 for the tensor-core kernel, 8 for the
+    staged one). "auto" runs v2 past 8192 tokens, or past PARTITION_SIZE while those blocks leave
+    at least half the SMs idle; v2 splits the longest sequence into as many partitions as keep
+    its grid within one block an SM, at least ceil(max_seq_len / PARTITION_SIZE) and at most
+    ceil(max_seq_len / MIN_PARTITION_SIZE), each a whole number of 16-token steps (cache blocks,
+    where longer). H200, GQA 32/8, head 128, cold L2 (kernels/attention/NOTES.md): one sequence
+    of 1024 tokens 11.2 us over 16 partitions against 17.8 over 2 (23.1 with v1), 8 sequences
+    20.5 over 2 (23.3 with v1), 16 sequences 24.4 with v1 (30.0 over 2). Elsewhere (the CPU, ROCm:
+    not measured) vLLM's rule: v2 past 8192 tokens, or past 512 while num_seqs x num_heads < 512,
+    in PARTITION_SIZE-token partitions."""
     if version not in ("auto", "v1", "v2"):
         raise ValueError(f"version must be 'auto', 'v1' or 'v2', got {version!r}")
-    least = max(1, math.ceil(max_seq_len / PARTITION_SIZE))
-    if device.type != "cuda":
+    if device.type != "cuda" or torch.version.hip is not None:
         if version == "auto":
             v2 = max_seq_len > 8192 or (max_seq_len > PARTITION_SIZE and num_seqs * num_heads < 512)
-            return least if v2 else 0
-        return least if version == "v2" else 0
+            return PARTITION_SIZE if v2 else 0
+        return PARTITION_SIZE if version == "v2" else 0
     index = device.index if device.index is not None else torch.cuda.current_device()
-    fill = _sm_count(index) // max(1, num_seqs * num_kv_heads)
+    group = max(1, num_heads // max(1, num_kv_heads))
+    blocks = max(1, num_seqs * num_kv_heads * math.ceil(group / heads_per_block))
+    fill = _sm_count(index) // blocks
     if version == "v1" or (
         version == "auto"
         and not (max_seq_len > 8192 or (max_seq_len > PARTITION_SIZE and fill >= 2))
     ):
         return 0
-    return max(least, min(fill, math.ceil(max_seq_len / MIN_PARTITION_SIZE)))
+    tokens = max(1, max_seq_len)
+    least = math.ceil(tokens / PARTITION_SIZE)
+    parts = max(least, min(fill, math.ceil(tokens / MIN_PARTITION_SIZE)))
+    step = max(16, block_size)
+    return step * math.ceil(math.ceil(tokens / parts) / step)
+
+
+def _heads_per_block(query: torch.Tensor, kv_cache_dtype: str) -> int:
+    """Query heads a thread block of the CUDA kernels serves: 16 for the tensor-core kernel
+    (16-bit queries over a cache of their dtype), else 8 (the staged kernel)."""
+    tensor_core = query.dtype in (torch.float16, torch.bfloat16) and kv_cache_dtype == "auto"
+    return 16 if tensor_core and query.shape[-1] % 16 == 0 else 8
 
 
 def paged_attention(
@@ -126,10 +141,13 @@ def paged_attention(
         _scale_tensor(k_scale, query.device),
         _scale_tensor(v_scale, query.device),
     )
-    parts = split_kv(version, max_seq_len, num_seqs, num_heads, key_cache.shape[1], query.device)
-    if parts:
-        scratch = v2_scratch(num_seqs, num_heads, head_size, max_seq_len, query.device, parts)
-        torch.ops._C.paged_attention_v2(out, *scratch, *args)
+    partition = split_kv(
+        version, max_seq_len, num_seqs, num_heads, key_cache.shape[1], value_cache.shape[3],
+        query.device, _heads_per_block(query, kv_cache_dtype),
+    )  # fmt: skip
+    if partition:
+        scratch = v2_scratch(num_seqs, num_heads, head_size, max_seq_len, query.device, partition)
+        torch.ops._C.paged_attention_v2(out, *scratch, *args, partition_size=partition)
     else:
         torch.ops._C.paged_attention_v1(out, *args)
     return out
@@ -173,10 +191,13 @@ def xl_paged_attention(
         _scale_tensor(k_scale, query.device),
         _scale_tensor(v_scale, query.device),
     )
-    parts = split_kv(version, max_seq_len, num_seqs, num_heads, key_cache.shape[1], query.device)
-    if parts:
-        scratch = v2_scratch(num_seqs, num_heads, head_size, max_seq_len, query.device, parts)
-        torch.ops._C.xl_paged_attention_v2(out, *scratch, *args)
+    partition = split_kv(
+        version, max_seq_len, num_seqs, num_heads, key_cache.shape[1], value_cache.shape[3],
+        query.device, _heads_per_block(query, kv_cache_dtype),
+    )  # fmt: skip
+    if partition:
+        scratch = v2_scratch(num_seqs, num_heads, head_size, max_seq_len, query.device, partition)
+        torch.ops._C.xl_paged_attention_v2(out, *scratch, *args, partition_size=partition)
     else:
         torch.ops._C.xl_paged_attention_v1(out, *args)
     return out

@@ -71,22 +71,6 @@ struct PagedAttentionV2Scratch {
   int64_t partition_size;
 };
 
-/// The partition size that splits the longest sequence (`max_seq_len` tokens) over `partitions`
-/// partitions as evenly as whole steps allow: ceil(max_seq_len / partitions) rounded up to a
-/// step, 16 tokens or the cache block where blocks are longer (a multiple of the block size,
-/// and whole steps of the tensor-core kernel). What the v2 ops use for a scratch of
-/// `partitions`: the caller picks the split by the scratch's size (at least
-/// ceil(max_seq_len / 512) partitions, so that a partition never exceeds 512 tokens).
-inline int64_t v2_partition_size(int64_t max_seq_len, int64_t partitions, int64_t block_size) {
-  if (block_size <= 0) return 0;  // the launchers refuse it
-  const int64_t step =
-      block_size >= 16 ? block_size : block_size * ((16 + block_size - 1) / block_size);
-  const int64_t tokens = max_seq_len > 1 ? max_seq_len : 1;
-  const int64_t parts = partitions > 1 ? partitions : 1;
-  const int64_t per = (tokens + parts - 1) / parts;
-  return (per + step - 1) / step * step;
-}
-
 }  // namespace aphrodite::attention
 
 #if defined(APHRODITE_BACKEND_GPU)

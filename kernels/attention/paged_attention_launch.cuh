@@ -85,12 +85,14 @@ gpuError_t paged_attention_run(const PagedAttentionProblem& p,
     const dim3 grid(static_cast<unsigned>(p.num_kv_heads * l.num_splits),
                     static_cast<unsigned>(partitions), grid_z);
 #if APHRODITE_PAGED_ATTENTION_STAGED
-    // A one-wave grid launched with PDL keeps to a block an SM (launch.cuh says why).
-    smem = one_block_an_sm_smem<kKernel>(grid, smem);
-    // Dynamic shared memory past 48 KiB must be allowed per kernel (on the current device).
-    const gpuError_t e =
-        cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    // Dynamic shared memory past 48 KiB must be allowed per kernel (on the current device): the
+    // most it may launch with, since a one-wave grid launched with PDL keeps to a block an SM
+    // (launch.cuh says why).
+    const int floor = one_block_an_sm_floor<kKernel>();
+    const gpuError_t e = cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                              smem > floor ? smem : floor);
     if (e != gpuSuccess) return e;
+    smem = one_block_an_sm_smem<kKernel>(grid, smem);
 #endif
     return launch_kernel<kKernel>(grid, dim3(detail::kThreads), smem, stream, p, l);
   };

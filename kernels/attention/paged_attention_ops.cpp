@@ -18,11 +18,6 @@
 namespace aphrodite {
 namespace {
 
-/// The most tokens a v2 partition takes: a scratch holds at least ceil(max_seq_len / 512)
-/// partitions, and the ops split over all it holds (attention::v2_partition_size);
-/// aphrodite_ext.ops.paged_attention.PARTITION_SIZE mirrors it.
-constexpr int64_t kPartitionSize = 512;
-
 bool supported_head_size(int64_t h) {
   for (int64_t s : {64, 80, 96, 112, 128, 192, 256})
     if (h == s) return true;
@@ -48,7 +43,7 @@ void check_scale_tensor(const char* op, const char* arg, const at::Tensor& t,
 /// A float32 v2 scratch tensor: contiguous, [num_seqs, num_heads, partitions(, head_size)].
 int64_t check_scratch(const char* op, const char* arg, const at::Tensor& t, int64_t num_seqs,
                       int64_t num_heads, int64_t head_size, int64_t max_seq_len,
-                      const at::Tensor& query) {
+                      int64_t partition_size, const at::Tensor& query) {
   const bool with_head = head_size > 0;
   TORCH_CHECK(t.dim() == (with_head ? 4 : 3) && t.size(0) == num_seqs && t.size(1) == num_heads &&
                   (!with_head || t.size(3) == head_size),
@@ -56,10 +51,10 @@ int64_t check_scratch(const char* op, const char* arg, const at::Tensor& t, int6
               ", max_num_partitions",
               with_head ? ", head_size=" + std::to_string(head_size) : std::string(),
               "], got shape ", t.sizes());
-  const int64_t needed = (max_seq_len + kPartitionSize - 1) / kPartitionSize;
+  const int64_t needed = (max_seq_len + partition_size - 1) / partition_size;
   TORCH_CHECK(t.size(2) >= needed, op, ": ", arg, " holds ", t.size(2),
               " partitions but max_seq_len=", max_seq_len, " needs ceil(max_seq_len / ",
-              kPartitionSize, ") = ", needed);
+              partition_size, ") = ", needed);
   check_dtype(op, arg, t, at::kFloat);
   TORCH_CHECK(t.is_contiguous(), op, ": ", arg, " must be contiguous");
   check_same_device(op, arg, t, query);
@@ -278,18 +273,22 @@ void run(const char* op, const attention::PagedAttentionProblem& p,
 attention::PagedAttentionV2Scratch make_scratch(const char* op, at::Tensor& exp_sums,
                                                 at::Tensor& max_logits, at::Tensor& tmp_out,
                                                 const at::Tensor& query, int64_t max_seq_len,
-                                                int64_t block_size) {
+                                                int64_t block_size, int64_t partition_size) {
+  TORCH_CHECK(partition_size > 0 && partition_size % block_size == 0, op,
+              ": partition_size must be a positive multiple of block_size (", block_size, "), got ",
+              partition_size);
   const int64_t num_seqs = query.size(0), num_heads = query.size(1);
-  const int64_t parts =
-      check_scratch(op, "tmp_out", tmp_out, num_seqs, num_heads, query.size(2), max_seq_len, query);
+  const int64_t parts = check_scratch(op, "tmp_out", tmp_out, num_seqs, num_heads, query.size(2),
+                                      max_seq_len, partition_size, query);
   for (const auto& [name, t] : {std::pair<const char*, const at::Tensor&>{"exp_sums", exp_sums},
                                 {"max_logits", max_logits}}) {
-    TORCH_CHECK(check_scratch(op, name, t, num_seqs, num_heads, 0, max_seq_len, query) == parts, op,
-                ": ", name, " must have tmp_out's ", parts, " partitions, got ", t.size(2));
+    TORCH_CHECK(check_scratch(op, name, t, num_seqs, num_heads, 0, max_seq_len, partition_size,
+                              query) == parts,
+                op, ": ", name, " must have tmp_out's ", parts, " partitions, got ", t.size(2));
   }
-  return attention::PagedAttentionV2Scratch{
-      exp_sums.data_ptr<float>(), max_logits.data_ptr<float>(), tmp_out.data_ptr<float>(), parts,
-      attention::v2_partition_size(max_seq_len, parts, block_size)};
+  return attention::PagedAttentionV2Scratch{exp_sums.data_ptr<float>(),
+                                            max_logits.data_ptr<float>(), tmp_out.data_ptr<float>(),
+                                            parts, partition_size};
 }
 
 void paged_attention_v1(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
@@ -310,24 +309,22 @@ void paged_attention_v1(at::Tensor& out, const at::Tensor& query, const at::Tens
   run(op, p, nullptr, out);
 }
 
-void paged_attention_v2(at::Tensor& out, at::Tensor& exp_sums, at::Tensor& max_logits,
-                        at::Tensor& tmp_out, const at::Tensor& query, const at::Tensor& key_cache,
-                        const at::Tensor& value_cache, int64_t num_kv_heads, double scale,
-                        const at::Tensor& block_tables, const at::Tensor& seq_lens,
-                        int64_t block_size, int64_t max_seq_len,
-                        const std::optional<at::Tensor>& alibi_slopes,
-                        const std::string& kv_cache_dtype, const at::Tensor& k_scale,
-                        const at::Tensor& v_scale, int64_t tp_rank,
-                        int64_t blocksparse_local_blocks, int64_t blocksparse_vert_stride,
-                        int64_t blocksparse_block_size, int64_t blocksparse_head_sliding_step) {
+void paged_attention_v2(
+    at::Tensor& out, at::Tensor& exp_sums, at::Tensor& max_logits, at::Tensor& tmp_out,
+    const at::Tensor& query, const at::Tensor& key_cache, const at::Tensor& value_cache,
+    int64_t num_kv_heads, double scale, const at::Tensor& block_tables, const at::Tensor& seq_lens,
+    int64_t block_size, int64_t max_seq_len, const std::optional<at::Tensor>& alibi_slopes,
+    const std::string& kv_cache_dtype, const at::Tensor& k_scale, const at::Tensor& v_scale,
+    int64_t tp_rank, int64_t blocksparse_local_blocks, int64_t blocksparse_vert_stride,
+    int64_t blocksparse_block_size, int64_t blocksparse_head_sliding_step, int64_t partition_size) {
   const char* op = "paged_attention_v2";
   check_dense(op, tp_rank, blocksparse_local_blocks, blocksparse_vert_stride,
               blocksparse_block_size, blocksparse_head_sliding_step);
   const auto p = make_problem(op, out, query, nullptr, nullptr, key_cache, value_cache,
                               num_kv_heads, scale, block_tables, seq_lens, block_size, max_seq_len,
                               alibi_slopes, kv_cache_dtype, k_scale, v_scale);
-  const auto scratch =
-      make_scratch(op, exp_sums, max_logits, tmp_out, query, max_seq_len, block_size);
+  const auto scratch = make_scratch(op, exp_sums, max_logits, tmp_out, query, max_seq_len,
+                                    block_size, partition_size);
   run(op, p, &scratch, out);
 }
 
@@ -352,37 +349,43 @@ void xl_paged_attention_v2(at::Tensor& out, at::Tensor& exp_sums, at::Tensor& ma
                            int64_t num_kv_heads, double scale, const at::Tensor& block_tables,
                            const at::Tensor& seq_lens, int64_t block_size, int64_t max_seq_len,
                            const std::string& kv_cache_dtype, const at::Tensor& k_scale,
-                           const at::Tensor& v_scale) {
+                           const at::Tensor& v_scale, int64_t partition_size) {
   const char* op = "xl_paged_attention_v2";
   const auto p = make_problem(op, out, query, &pos_bias_u, &matrix_bd, key_cache, value_cache,
                               num_kv_heads, scale, block_tables, seq_lens, block_size, max_seq_len,
                               std::nullopt, kv_cache_dtype, k_scale, v_scale);
-  const auto scratch =
-      make_scratch(op, exp_sums, max_logits, tmp_out, query, max_seq_len, block_size);
+  const auto scratch = make_scratch(op, exp_sums, max_logits, tmp_out, query, max_seq_len,
+                                    block_size, partition_size);
   run(op, p, &scratch, out);
 }
 
 }  // namespace
 }  // namespace aphrodite
 
+// vLLM's arguments; the v2 ops add partition_size last: the tokens of a partition, a multiple of
+// block_size, by default vLLM's 512 (its callers size the scratch by it;
+// aphrodite_ext.ops.paged_attention.PARTITION_SIZE mirrors it).
 #define APHRODITE_PAGED_ATTENTION_ARGS                                                        \
   "Tensor query, Tensor key_cache, Tensor value_cache, int num_kv_heads, float scale, "       \
   "Tensor block_tables, Tensor seq_lens, int block_size, int max_seq_len, "                   \
   "Tensor? alibi_slopes, str kv_cache_dtype, Tensor k_scale, Tensor v_scale, int tp_rank=0, " \
   "int blocksparse_local_blocks=0, int blocksparse_vert_stride=0, "                           \
-  "int blocksparse_block_size=64, int blocksparse_head_sliding_step=0) -> ()"
+  "int blocksparse_block_size=64, int blocksparse_head_sliding_step=0"
 #define APHRODITE_XL_PAGED_ATTENTION_ARGS                                                     \
   "Tensor query, Tensor pos_bias_u, Tensor matrix_bd, Tensor key_cache, Tensor value_cache, " \
   "int num_kv_heads, float scale, Tensor block_tables, Tensor seq_lens, int block_size, "     \
-  "int max_seq_len, str kv_cache_dtype, Tensor k_scale, Tensor v_scale) -> ()"
+  "int max_seq_len, str kv_cache_dtype, Tensor k_scale, Tensor v_scale"
 #define APHRODITE_V2_SCRATCH "Tensor! exp_sums, Tensor! max_logits, Tensor! tmp_out, "
+#define APHRODITE_V2_PARTITION ", int partition_size=512) -> ()"
 
 APHRODITE_DEFINE_OPS(_C, ops) {
-  ops.def("paged_attention_v1(Tensor! out, " APHRODITE_PAGED_ATTENTION_ARGS);
-  ops.def("paged_attention_v2(Tensor! out, " APHRODITE_V2_SCRATCH APHRODITE_PAGED_ATTENTION_ARGS);
-  ops.def("xl_paged_attention_v1(Tensor! out, " APHRODITE_XL_PAGED_ATTENTION_ARGS);
+  ops.def("paged_attention_v1(Tensor! out, " APHRODITE_PAGED_ATTENTION_ARGS ") -> ()");
+  ops.def("paged_attention_v2(Tensor! out, " APHRODITE_V2_SCRATCH APHRODITE_PAGED_ATTENTION_ARGS
+              APHRODITE_V2_PARTITION);
+  ops.def("xl_paged_attention_v1(Tensor! out, " APHRODITE_XL_PAGED_ATTENTION_ARGS ") -> ()");
   ops.def(
-      "xl_paged_attention_v2(Tensor! out, " APHRODITE_V2_SCRATCH APHRODITE_XL_PAGED_ATTENTION_ARGS);
+      "xl_paged_attention_v2(Tensor! out, " APHRODITE_V2_SCRATCH APHRODITE_XL_PAGED_ATTENTION_ARGS
+          APHRODITE_V2_PARTITION);
 }
 
 #if APHRODITE_FAMILY_BUILT

@@ -92,38 +92,19 @@ bool use_pdl() {
 }
 
 #if !defined(USE_ROCM)
-/// The dynamic shared memory to launch `Kernel` with, given the `smem` bytes it uses: where it
-/// launches with PDL and `grid` has at most one block an SM, enough that no SM can hold two of
-/// its blocks (more than half an SM's shared memory with its static share); else `smem`.
-///
-/// Why: blocks of a kernel launched with PDL are placed while the kernel before it still holds
-/// SMs; a one-wave grid then ran slower than launched plainly, as if some SMs had taken two of
-/// its blocks (sharing the SM, they finish last), and faster once two could not fit. H200, paged
-/// attention (128-thread blocks of 80 KiB, two fit an SM) replayed from a CUDA graph, 128-block
-/// grids (batch 8, v2; batch 16, v1): 19.94 / 23.54 us with PDL against 18.65 / 21.95 without; at
-/// more than half the SM, 17.41 / 21.23. Grids larger than the SMs (136-240 blocks) did not lose
-/// with PDL (benchmarks/results/decode_layer_cuda_h200.md). The caller must allow the result
-/// (cudaFuncAttributeMaxDynamicSharedMemorySize) where it passes 48 KiB.
+/// The dynamic shared memory that keeps `Kernel`'s blocks one an SM where it launches with PDL:
+/// just over half an SM's shared memory, less the kernel's static share; 0 where it launches
+/// plainly, or may not have that much (its opt-in limit). Looked up once per kernel and device.
 template <auto Kernel>
-int one_block_an_sm_smem(dim3 grid, int smem) {
-  if (!use_pdl<Kernel>()) return smem;
+int one_block_an_sm_floor() {
+  if (!use_pdl<Kernel>()) return 0;
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) {
     (void)cudaGetLastError();
-    return smem;
+    return 0;
   }
-  static PerDevice sms_known;
-  const int sms = sms_known.get(device, [device] {
-    int sms = 0;
-    return cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess
-               ? sms
-               : ((void)cudaGetLastError(), 0);
-  });
-  if (sms <= 0 || int64_t{grid.x} * grid.y * grid.z > sms) return smem;
-  // The dynamic bytes that take a block past half the SM, or -1 where the kernel may not have
-  // them (its opt-in limit): kept per device.
-  static PerDevice floor_known;
-  const int floor = floor_known.get(device, [device] {
+  static PerDevice known;  // the floor, or -1: none
+  const int floor = known.get(device, [device] {
     int per_sm = 0, optin = 0;
     cudaFuncAttributes attrs{};
     if (cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device) !=
@@ -137,7 +118,40 @@ int one_block_an_sm_smem(dim3 grid, int smem) {
     const int dynamic = per_sm / 2 + 1 - static_cast<int>(attrs.sharedSizeBytes);
     return static_cast<int>(attrs.sharedSizeBytes) + dynamic <= optin ? dynamic : -1;
   });
-  return floor > smem ? floor : smem;
+  return floor > 0 ? floor : 0;
+}
+
+/// The dynamic shared memory to launch `Kernel` with, given the `smem` bytes it uses: where its
+/// grid has at most one block an SM, at least one_block_an_sm_floor() (no SM can then hold two
+/// of its blocks); else `smem`. The caller allows the larger of `smem` and the floor
+/// (cudaFuncAttributeMaxDynamicSharedMemorySize) where that passes 48 KiB: one value per kernel
+/// and device, which host threads launching it with different grids cannot undo for each other.
+///
+/// Why: blocks of a kernel launched with PDL are placed while the kernel before it still holds
+/// SMs; a one-wave grid then ran slower than launched plainly, as if some SMs had taken two of
+/// its blocks (sharing the SM, they finish last), and faster once two could not fit. H200, paged
+/// attention (128-thread blocks of 80 KiB, two fit an SM) replayed from a CUDA graph, 128-block
+/// grids (batch 8, v2; batch 16, v1): 19.94 / 23.54 us with PDL against 18.65 / 21.95 without; at
+/// more than half the SM, 17.41 / 21.23. Grids larger than the SMs (136-240 blocks) lost 0.2 us at
+/// most with PDL (benchmarks/results/decode_layer_cuda_h200.md).
+template <auto Kernel>
+int one_block_an_sm_smem(dim3 grid, int smem) {
+  const int floor = one_block_an_sm_floor<Kernel>();
+  if (floor <= smem) return smem;
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return smem;
+  }
+  static PerDevice sms_known;
+  const int sms = sms_known.get(device, [device] {
+    int sms = 0;
+    return cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess
+               ? sms
+               : ((void)cudaGetLastError(), 0);
+  });
+  if (sms <= 0 || int64_t{grid.x} * grid.y * grid.z > sms) return smem;
+  return floor;
 }
 
 /// The launch attribute that lets a kernel start while the one before it in the stream runs.

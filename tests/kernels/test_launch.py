@@ -84,7 +84,7 @@ class DecodeLayer:
         self.ln_post = torch.rand(hidden, dtype=dtype, device=device) + 0.5
         self.cos_sin = torch.randn(4096, hs, dtype=dtype, device=device).clamp(-1, 1)
         self.workspace = marlin.make_workspace(device)
-        # Lengths from 1 to past two of v2's 512-token partitions, in shuffled blocks.
+        # Lengths from 1 to past two 512-token partitions, in shuffled blocks.
         lens = [1, 17, 511, 513, 1100, 3, 64, 700, 1024, 255, 97, 1025]
         self.seq_lens = torch.tensor(lens, dtype=torch.int32, device=device)
         self.max_len = max(lens)  # a host int: no sync inside a graph's capture

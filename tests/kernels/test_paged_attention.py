@@ -539,59 +539,91 @@ def test_v2_accepts_extra_partitions(device):
 
 
 @_skip_left_out
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("block_size", BLOCK_SIZES)
-def test_v2_splits_over_every_partition(device, block_size):
-    """The v2 op splits the longest sequence over all the partitions its scratch holds, in whole
-    steps: from the fewest it accepts to more than one a step (the rest then stay unused)."""
-    b = Batch([1100, 517, 7, 0, 83], 8, 2, 64, block_size, torch.float32, device)
+def test_v2_partition_sizes(device, block_size, dtype):
+    """v2 in partitions of any multiple of the block size, with a scratch of exactly the
+    partitions that takes and with a larger one: one block, odd multiples (which the
+    tensor-core kernel, in 16-token steps, leaves to the staged one), 512 and past the longest
+    sequence (one partition)."""
+    b = Batch([1100, 517, 7, 0, 83], 8, 2, 64, block_size, dtype, device)
     ref = b.ref()
-    for partitions in (3, 7, 18, 69, 100):
-        exp_sums, max_logits, tmp_out = v2_scratch(5, 8, 64, b.max_seq_len, device, partitions)
-        assert tmp_out.shape[2] == partitions
-        out = torch.full_like(b.query, float("nan"))
-        torch.ops._C.paged_attention_v2(
-            out, exp_sums, max_logits, tmp_out, b.query, b.key_cache, b.value_cache, 2, b.scale,
-            b.block_tables, b.seq_lens, block_size, b.max_seq_len, None, "auto",
-            *(torch.ones(1, device=device),) * 2,
-        )  # fmt: skip
-        check(out, ref, torch.float32)
+    one = torch.ones(1, device=device)
+    for partition in sorted({block_size, 3 * block_size, 17 * block_size, 64, 512, 1120}):
+        for extra in (0, 3):
+            scratch = v2_scratch(5, 8, 64, b.max_seq_len + extra * partition, device, partition)
+            out = torch.full_like(b.query, float("nan"))
+            torch.ops._C.paged_attention_v2(
+                out, *scratch, b.query, b.key_cache, b.value_cache, 2, b.scale, b.block_tables,
+                b.seq_lens, block_size, b.max_seq_len, None, "auto", one, one,
+                partition_size=partition,
+            )  # fmt: skip
+            check(out, ref, dtype)
+
+
+@pytest.mark.parametrize(
+    "partition, match",
+    [
+        (0, r"partition_size must be a positive multiple of block_size \(16\), got 0"),
+        (-16, "got -16"),
+        (24, "got 24"),
+        (64, r"holds 2 partitions but max_seq_len=600 needs ceil\(max_seq_len / 64\) = 10"),
+    ],
+)
+def test_rejects_bad_partition_size(device, partition, match):
+    a = _v2_args(device)
+    with pytest.raises(RuntimeError, match=match):
+        torch.ops._C.paged_attention_v2(**a, partition_size=partition)
 
 
 def test_split_kv(monkeypatch):
     """split_kv's rule, on a GPU of 132 SMs (faked: no GPU needed) and on the CPU, over random
-    problems: v1 where asked or where the (sequence, KV head) blocks fill half the SMs (up to
-    8192 tokens); else at least ceil(max_seq_len / PARTITION_SIZE) partitions, more only while
-    the grid stays within one block an SM and partitions keep MIN_PARTITION_SIZE tokens."""
+    problems: v1 where asked, or ("auto", up to 8192 tokens) where the blocks of v1 fill half the
+    SMs; else partitions of whole steps, at most PARTITION_SIZE tokens, and as many as keep the
+    grid within one block an SM while each holds MIN_PARTITION_SIZE tokens: one more partition
+    would break one of those."""
     # (aphrodite_ext.ops.paged_attention is also the name of the function ops exports)
     module = importlib.import_module("aphrodite_ext.ops.paged_attention")
     monkeypatch.setattr(module, "_sm_count", lambda index: 132)
+    monkeypatch.setattr(torch.version, "hip", None)
     gpu, cpu = torch.device("cuda", 0), torch.device("cpu")
     with pytest.raises(ValueError, match="version must be"):
-        split_kv("v3", 100, 1, 8, 8, gpu)
+        split_kv("v3", 100, 1, 8, 8, 16, gpu)
     gen = torch.Generator().manual_seed(0)
-    for _ in range(500):
-        length = int(torch.randint(1, 70000, (1,), generator=gen))
-        seqs = int(torch.randint(1, 300, (1,), generator=gen))
-        kv = int(torch.randint(1, 17, (1,), generator=gen))
-        heads = kv * int(torch.randint(1, 9, (1,), generator=gen))
-        least = max(1, math.ceil(length / PARTITION_SIZE))
-        assert split_kv("v1", length, seqs, heads, kv, gpu) == 0
-        assert split_kv("v1", length, seqs, heads, kv, cpu) == 0
-        assert split_kv("v2", length, seqs, heads, kv, cpu) == least
+
+    def draw(low, high):
+        return int(torch.randint(low, high, (1,), generator=gen))
+
+    for _ in range(1000):
+        length, seqs, kv, block = draw(1, 70000), draw(1, 300), draw(1, 17), 8 << draw(0, 3)
+        heads, per_block = kv * draw(1, 41), (8, 16)[draw(0, 2)]
+        blocks = seqs * kv * math.ceil(heads // kv / per_block)
+        call = functools.partial(split_kv, max_seq_len=length, num_seqs=seqs, num_heads=heads,
+                                 num_kv_heads=kv, block_size=block)  # fmt: skip
+        assert call("v1", device=gpu, heads_per_block=per_block) == 0
+        assert call("v1", device=cpu) == 0
+        assert call("v2", device=cpu) == PARTITION_SIZE
         vllm = length > 8192 or (length > PARTITION_SIZE and seqs * heads < 512)
-        assert split_kv("auto", length, seqs, heads, kv, cpu) == (least if vllm else 0)
-        parts = split_kv("v2", length, seqs, heads, kv, gpu)
-        assert parts >= least
-        if parts > least:
-            assert seqs * kv * parts <= 132
-            assert parts <= math.ceil(length / MIN_PARTITION_SIZE)
-        auto = split_kv("auto", length, seqs, heads, kv, gpu)
-        fills_half = seqs * kv * 2 > 132
-        v1 = length <= 8192 and (length <= PARTITION_SIZE or fills_half)
-        assert auto == (0 if v1 else parts)
-    # One sequence of 1024 tokens over 8 KV heads: 16 partitions of 64 tokens.
-    assert split_kv("auto", 1024, 1, 32, 8, gpu) == 16
-    assert split_kv("auto", 1024, 16, 32, 8, gpu) == 0
+        assert call("auto", device=cpu) == (PARTITION_SIZE if vllm else 0)
+        size = call("v2", device=gpu, heads_per_block=per_block)
+        step = max(16, block)
+        assert size % step == 0 and step <= size <= PARTITION_SIZE
+        parts = math.ceil(length / size)  # the partitions the longest sequence takes
+        assert parts >= math.ceil(length / PARTITION_SIZE)
+        if parts > math.ceil(length / PARTITION_SIZE):
+            assert blocks * parts <= 132
+        # One more partition: past one block an SM, under MIN_PARTITION_SIZE tokens, or (whole
+        # steps) the same size.
+        more = step * math.ceil(math.ceil(length / (parts + 1)) / step)
+        assert (
+            blocks * (parts + 1) > 132 or length / (parts + 1) < MIN_PARTITION_SIZE or more == size
+        ), (length, seqs, kv, heads, block, per_block, size)
+        v1 = length <= 8192 and (length <= PARTITION_SIZE or blocks * 2 > 132)
+        auto = call("auto", device=gpu, heads_per_block=per_block)
+        assert auto == (0 if v1 else size)
+    # One sequence of 1024 tokens over 8 KV heads of 4 query heads: 16 partitions of 64 tokens.
+    assert split_kv("auto", 1024, 1, 32, 8, 16, gpu) == 64
+    assert split_kv("auto", 1024, 16, 32, 8, 16, gpu) == 0
 
 
 def _xl_args(device):
