@@ -8,8 +8,8 @@ boundaries: the second kernel after the first, the first after the second).
 The layer (fp16; hidden 4096, 32 query and 8 KV heads of 128, intermediate 14336; 4-bit weights
 in groups of 128; a paged KV cache of 16-token blocks, every sequence `CONTEXT` tokens):
 rms_norm, marlin qkv, rotary, reshape_and_cache, paged attention (v1, or v2 where split_kv
-splits: batch 1 to 8 here), marlin o, fused_add_rms_norm, marlin gate/up, silu_and_mul, marlin down. The
-weights are random bits (the GEMM's time does not depend on them).
+splits: batch 1 to 8 here), marlin o, fused_add_rms_norm, marlin gate/up, silu_and_mul, marlin
+down. The weights are random bits (the GEMM's time does not depend on them).
 
     python benchmarks/bench_decode_layer.py [--out DIR] [--rounds N] [--batches B ...]
 """
@@ -209,12 +209,13 @@ def main() -> None:
         rows.append([what, batch, off, on, saved])
     header = ["case", "batch", "PDL off us", "PDL on us", "off - on us"]
     notes = (
-        f"Per call, us: `layer step` is the ten kernels (eleven where attention runs v2: its reduce) of one "
-        f"decode layer (fp16, hidden {HIDDEN}, "
+        "Per call, us: `layer step` is the ten kernels (eleven where attention runs v2: its "
+        f"reduce) of one decode layer (fp16, hidden {HIDDEN}, "
         f"{HEADS} / {KV_HEADS} heads of {HEAD}, intermediate {INTER}, W4A16 group {GROUP}, context "
         f"{CONTEXT}), 10 steps replayed from one CUDA graph; a pair `X, Y` is X then Y, 25 times "
-        f"over from one graph, per pair (`paged attention` alone: itself 25 times, per call). Median of {args.rounds} rounds (range), the rounds "
-        "alternating APHRODITE_PDL=0 and 1, each in its own process."
+        "over from one graph, per pair (`paged attention` alone: itself 25 times, per call). "
+        f"Median of {args.rounds} rounds (range), the rounds alternating APHRODITE_PDL=0 and 1, "
+        "each in its own process."
     )
     print(harness.write("decode_layer", "cuda", header, rows, out_dir=args.out, notes=notes))
 

@@ -292,9 +292,9 @@ def main():
     )
     notes = (
         f"bf16, {HEADS} query heads / {KV_HEADS} kv heads, head {HEAD}, block {BLOCK}, "
-        f"v2 partitions of {PARTITION} tokens but the 'auto' rows' (split_kv); KV TB/s = K and V bytes of every token "
-        "once / time; 'vs SDPA' = the faster SDPA's time / this time (SDPA rows: vs "
-        "the faster of the two); copy rate = bytes read + written / time. XL rows: "
+        f"v2 partitions of {PARTITION} tokens but the 'auto' rows' (split_kv); KV TB/s = K "
+        "and V bytes of every token once / time; 'vs SDPA' = the faster SDPA's time / this "
+        "time (SDPA rows: vs the faster of the two); copy rate = bytes read + written / time. XL rows: "
         "xl_paged_attention_v1 against SDPA given q + u and scale * matrix_bd as an "
         "additive mask, 'vs SDPA' against the faster of those two."
     )

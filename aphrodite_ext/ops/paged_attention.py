@@ -17,7 +17,8 @@ from .. import load
 
 #: The v2 ops' default partition size (vLLM's, by which its callers size the scratch).
 PARTITION_SIZE = 512
-#: The fewest tokens a partition of split_kv's choosing takes (shorter ones lost on an H200).
+#: split_kv splits a sequence into at most ceil(max_seq_len / MIN_PARTITION_SIZE) partitions
+#: (shorter ones lost on an H200; rounding to whole steps can still leave some under it).
 MIN_PARTITION_SIZE = 64
 
 
@@ -100,7 +101,10 @@ def split_kv(
 
 def _heads_per_block(query: torch.Tensor, kv_cache_dtype: str) -> int:
     """Query heads a thread block of the CUDA kernels serves: 16 for the tensor-core kernel
-    (16-bit queries over a cache of their dtype), else 8 (the staged kernel)."""
+    (16-bit queries over a cache of their dtype), else 8 (the staged kernel). Where the launcher
+    still runs the staged kernel (a build without the tensor-core one, a GPU without the shared
+    memory it needs) a group of 9-16 heads takes twice the blocks split_kv counts: a slower
+    split, not a wrong one."""
     tensor_core = query.dtype in (torch.float16, torch.bfloat16) and kv_cache_dtype == "auto"
     return 16 if tensor_core and query.shape[-1] % 16 == 0 else 8
 

@@ -3,6 +3,7 @@
 // described in paged_attention.h.
 #include "attention/paged_attention.h"
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
 #include <string>
@@ -277,6 +278,10 @@ attention::PagedAttentionV2Scratch make_scratch(const char* op, at::Tensor& exp_
   TORCH_CHECK(partition_size > 0 && partition_size % block_size == 0, op,
               ": partition_size must be a positive multiple of block_size (", block_size, "), got ",
               partition_size);
+  // A partition past the longest sequence holds it whole: the same split in the fewest tokens
+  // (the CPU kernel sizes its buffers by the partition).
+  const int64_t whole = (std::max<int64_t>(max_seq_len, 1) + block_size - 1) / block_size;
+  partition_size = std::min(partition_size, whole * block_size);
   const int64_t num_seqs = query.size(0), num_heads = query.size(1);
   const int64_t parts = check_scratch(op, "tmp_out", tmp_out, num_seqs, num_heads, query.size(2),
                                       max_seq_len, partition_size, query);
@@ -286,6 +291,9 @@ attention::PagedAttentionV2Scratch make_scratch(const char* op, at::Tensor& exp_
                               query) == parts,
                 op, ": ", name, " must have tmp_out's ", parts, " partitions, got ", t.size(2));
   }
+  // The kernels index a partition's tokens in 32 bits.
+  TORCH_CHECK(parts * partition_size < (int64_t{1} << 31), op, ": the scratch's ", parts,
+              " partitions of ", partition_size, " tokens pass 2^31 tokens");
   return attention::PagedAttentionV2Scratch{exp_sums.data_ptr<float>(),
                                             max_logits.data_ptr<float>(), tmp_out.data_ptr<float>(),
                                             parts, partition_size};

@@ -543,15 +543,16 @@ def test_v2_accepts_extra_partitions(device):
 @pytest.mark.parametrize("block_size", BLOCK_SIZES)
 def test_v2_partition_sizes(device, block_size, dtype):
     """v2 in partitions of any multiple of the block size, with a scratch of exactly the
-    partitions that takes and with a larger one: one block, odd multiples (which the
-    tensor-core kernel, in 16-token steps, leaves to the staged one), 512 and past the longest
-    sequence (one partition)."""
+    partitions that takes and with a larger one: one block, odd multiples (at block size 8, not
+    whole steps of the tensor-core kernel, which leaves them to the staged one), 512, past the
+    longest sequence (one partition) and far past it (2^31 tokens: taken as one partition)."""
     b = Batch([1100, 517, 7, 0, 83], 8, 2, 64, block_size, dtype, device)
     ref = b.ref()
     one = torch.ones(1, device=device)
-    for partition in sorted({block_size, 3 * block_size, 17 * block_size, 64, 512, 1120}):
+    for partition in sorted({block_size, 3 * block_size, 17 * block_size, 64, 512, 1120, 2**31}):
         for extra in (0, 3):
-            scratch = v2_scratch(5, 8, 64, b.max_seq_len + extra * partition, device, partition)
+            size = min(partition, 1120)  # the scratch of a partition past the sequences: one
+            scratch = v2_scratch(5, 8, 64, b.max_seq_len + extra * size, device, size)
             out = torch.full_like(b.query, float("nan"))
             torch.ops._C.paged_attention_v2(
                 out, *scratch, b.query, b.key_cache, b.value_cache, 2, b.scale, b.block_tables,
@@ -559,6 +560,26 @@ def test_v2_partition_sizes(device, block_size, dtype):
                 partition_size=partition,
             )  # fmt: skip
             check(out, ref, dtype)
+    # The XL op takes the same argument.
+    u = torch.randn_like(b.query)
+    bd = torch.randn(5, 8, b.max_seq_len, device=device).to(dtype)
+    scratch = v2_scratch(5, 8, 64, b.max_seq_len, device, 3 * block_size)
+    out = torch.full_like(b.query, float("nan"))
+    torch.ops._C.xl_paged_attention_v2(
+        out, *scratch, b.query, u, bd, b.key_cache, b.value_cache, 2, b.scale, b.block_tables,
+        b.seq_lens, block_size, b.max_seq_len, "auto", one, one, partition_size=3 * block_size,
+    )  # fmt: skip
+    check(out, b.ref(pos_bias_u=u, matrix_bd=bd), dtype)
+
+
+def test_rejects_scratch_past_int32_tokens(device):
+    """A scratch of 2^15 partitions of 2^16 tokens: 2^31 tokens, past the kernels' 32-bit
+    token indices."""
+    a = _v2_args(device, max_seq_len=2**16)
+    scratch = v2_scratch(2, 8, 64, 2**31, device, 2**16)
+    a.update(exp_sums=scratch[0], max_logits=scratch[1], tmp_out=scratch[2])
+    with pytest.raises(RuntimeError, match=r"32768 partitions of 65536 tokens pass 2\^31 tokens"):
+        torch.ops._C.paged_attention_v2(**a, partition_size=2**16)
 
 
 @pytest.mark.parametrize(
@@ -609,7 +630,10 @@ def test_split_kv(monkeypatch):
         step = max(16, block)
         assert size % step == 0 and step <= size <= PARTITION_SIZE
         parts = math.ceil(length / size)  # the partitions the longest sequence takes
-        assert parts >= math.ceil(length / PARTITION_SIZE)
+        assert math.ceil(length / PARTITION_SIZE) <= parts
+        assert parts <= max(
+            math.ceil(length / PARTITION_SIZE), math.ceil(length / MIN_PARTITION_SIZE)
+        )
         if parts > math.ceil(length / PARTITION_SIZE):
             assert blocks * parts <= 132
         # One more partition: past one block an SM, under MIN_PARTITION_SIZE tokens, or (whole
@@ -624,6 +648,8 @@ def test_split_kv(monkeypatch):
     # One sequence of 1024 tokens over 8 KV heads of 4 query heads: 16 partitions of 64 tokens.
     assert split_kv("auto", 1024, 1, 32, 8, 16, gpu) == 64
     assert split_kv("auto", 1024, 16, 32, 8, 16, gpu) == 0
+    # 600 tokens, 8 blocks: 16 partitions would fit the SMs, MIN_PARTITION_SIZE allows 10.
+    assert split_kv("v2", 600, 1, 8, 8, 16, gpu) == 64
 
 
 def _xl_args(device):
