@@ -203,11 +203,10 @@ def main():
     rows = []
     contexts = (1024, 4096) if args.quick else (1024, 4096, 16384)
 
-    def add_rows(pb, ctx, times, peer):
+    def add_rows(pb, times, peer):
         for name, ms in times.items():
-            rows.append(
-                [32, ctx, name, f"{ms:.4f}", f"{pb.kv_bytes / ms / 1e9:.2f}", f"{peer / ms:.2f}"]
-            )
+            tbs = f"{pb.kv_bytes / ms / 1e9:.2f}"
+            rows.append([pb.batch, pb.ctx, name, f"{ms:.4f}", tbs, f"{peer / ms:.2f}"])
 
     for ctx in contexts:
         pb = Problem(32, ctx, gen)
@@ -224,7 +223,7 @@ def main():
             "paged_attention_v2": harness.median_ms(pb.v2, "cuda"),
         }
         peer = min(times["sdpa enable_gqa"], times["sdpa grouped"])
-        add_rows(pb, ctx, times, peer)
+        add_rows(pb, times, peer)
         pb.xl_inputs(gen)
         ref = pb.xl_sdpa_grouped()
         peers = {"xl sdpa grouped + mask": pb.xl_sdpa_grouped}
@@ -239,7 +238,7 @@ def main():
         times = {name: harness.median_ms(fn, "cuda") for name, fn in peers.items()}
         peer = min(times.values())
         times["xl_paged_attention_v1"] = harness.median_ms(pb.xl_v1, "cuda")
-        add_rows(pb, ctx, times, peer)
+        add_rows(pb, times, peer)
         del pb
         torch.cuda.empty_cache()
 
@@ -266,10 +265,7 @@ def main():
                 auto_name: harness.median_ms(auto, "cuda"),
                 "v2 in 512-token partitions": harness.median_ms(pb.v2, "cuda"),
             }
-            peer = min(times["sdpa enable_gqa"], times["sdpa grouped"])
-            for name, ms in times.items():
-                tbs = pb.kv_bytes / ms / 1e9
-                rows.append([batch, ctx, name, f"{ms:.4f}", f"{tbs:.2f}", f"{peer / ms:.2f}"])
+            add_rows(pb, times, min(times["sdpa enable_gqa"], times["sdpa grouped"]))
             del pb
             torch.cuda.empty_cache()
 

@@ -109,6 +109,21 @@ def _heads_per_block(query: torch.Tensor, kv_cache_dtype: str) -> int:
     return 16 if tensor_core and query.shape[-1] % 16 == 0 else 8
 
 
+def _run(v1, v2, out, args, query, key_cache, value_cache, max_seq_len, kv_cache_dtype, version):
+    """v1(out, *args), or v2(out, *scratch, *args) in split_kv's partitions."""
+    num_seqs, num_heads, head_size = query.shape
+    partition = split_kv(
+        version, max_seq_len, num_seqs, num_heads, key_cache.shape[1], value_cache.shape[3],
+        query.device, _heads_per_block(query, kv_cache_dtype),
+    )  # fmt: skip
+    if partition:
+        scratch = v2_scratch(num_seqs, num_heads, head_size, max_seq_len, query.device, partition)
+        v2(out, *scratch, *args, partition_size=partition)
+    else:
+        v1(out, *args)
+    return out
+
+
 def paged_attention(
     query: torch.Tensor,
     key_cache: torch.Tensor,
@@ -128,7 +143,6 @@ def paged_attention(
     cached tokens. version: "v1" (one pass), "v2" (split into partitions, then reduced) or
     "auto" (split_kv says which and how)."""
     load("_C")
-    num_seqs, num_heads, head_size = query.shape
     out = torch.empty_like(query) if out is None else out
     args = (
         query,
@@ -145,16 +159,11 @@ def paged_attention(
         _scale_tensor(k_scale, query.device),
         _scale_tensor(v_scale, query.device),
     )
-    partition = split_kv(
-        version, max_seq_len, num_seqs, num_heads, key_cache.shape[1], value_cache.shape[3],
-        query.device, _heads_per_block(query, kv_cache_dtype),
+    ops = torch.ops._C
+    return _run(
+        ops.paged_attention_v1, ops.paged_attention_v2, out, args, query, key_cache, value_cache,
+        max_seq_len, kv_cache_dtype, version,
     )  # fmt: skip
-    if partition:
-        scratch = v2_scratch(num_seqs, num_heads, head_size, max_seq_len, query.device, partition)
-        torch.ops._C.paged_attention_v2(out, *scratch, *args, partition_size=partition)
-    else:
-        torch.ops._C.paged_attention_v1(out, *args)
-    return out
 
 
 def xl_paged_attention(
@@ -177,7 +186,6 @@ def xl_paged_attention(
     matrix_bd[s, h, j]) (matrix_bd: [num_seqs, num_heads, >= max_seq_len]): the content and
     position terms are summed, then scaled, as in Transformer-XL."""
     load("_C")
-    num_seqs, num_heads, head_size = query.shape
     out = torch.empty_like(query) if out is None else out
     args = (
         query,
@@ -195,16 +203,11 @@ def xl_paged_attention(
         _scale_tensor(k_scale, query.device),
         _scale_tensor(v_scale, query.device),
     )
-    partition = split_kv(
-        version, max_seq_len, num_seqs, num_heads, key_cache.shape[1], value_cache.shape[3],
-        query.device, _heads_per_block(query, kv_cache_dtype),
+    ops = torch.ops._C
+    return _run(
+        ops.xl_paged_attention_v1, ops.xl_paged_attention_v2, out, args, query, key_cache,
+        value_cache, max_seq_len, kv_cache_dtype, version,
     )  # fmt: skip
-    if partition:
-        scratch = v2_scratch(num_seqs, num_heads, head_size, max_seq_len, query.device, partition)
-        torch.ops._C.xl_paged_attention_v2(out, *scratch, *args, partition_size=partition)
-    else:
-        torch.ops._C.xl_paged_attention_v1(out, *args)
-    return out
 
 
 # ------------------------------------------------------------------------------------------

@@ -92,7 +92,7 @@ gpuError_t paged_attention_run(const PagedAttentionProblem& p,
     const gpuError_t e = cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                               smem > floor ? smem : floor);
     if (e != gpuSuccess) return e;
-    smem = one_block_an_sm_smem<kKernel>(grid, smem);
+    smem = one_block_an_sm_smem(grid, smem, floor);
 #endif
     return launch_kernel<kKernel>(grid, dim3(detail::kThreads), smem, stream, p, l);
   };

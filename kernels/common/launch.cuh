@@ -121,11 +121,12 @@ int one_block_an_sm_floor() {
   return floor > 0 ? floor : 0;
 }
 
-/// The dynamic shared memory to launch `Kernel` with, given the `smem` bytes it uses: where its
-/// grid has at most one block an SM, at least one_block_an_sm_floor() (no SM can then hold two
-/// of its blocks); else `smem`. The caller allows the larger of `smem` and the floor
-/// (cudaFuncAttributeMaxDynamicSharedMemorySize) where that passes 48 KiB: one value per kernel
-/// and device, which host threads launching it with different grids cannot undo for each other.
+/// The dynamic shared memory to launch a kernel with, given the `smem` bytes it uses and its
+/// one_block_an_sm_floor(): where its grid has at most one block an SM, at least the floor (no
+/// SM can then hold two of its blocks); else `smem`. The caller allows the larger of `smem` and
+/// the floor (cudaFuncAttributeMaxDynamicSharedMemorySize) where that passes 48 KiB: one value
+/// per kernel and device, which host threads launching it with different grids cannot undo for
+/// each other.
 ///
 /// Why: blocks of a kernel launched with PDL are placed while the kernel before it still holds
 /// SMs; a one-wave grid then ran slower than launched plainly, as if some SMs had taken two of
@@ -134,9 +135,7 @@ int one_block_an_sm_floor() {
 /// grids (batch 8, v2; batch 16, v1): 19.94 / 23.54 us with PDL against 18.65 / 21.95 without; at
 /// more than half the SM, 17.41 / 21.23. Grids larger than the SMs (136-240 blocks) lost 0.2 us at
 /// most with PDL (benchmarks/results/decode_layer_cuda_h200.md).
-template <auto Kernel>
-int one_block_an_sm_smem(dim3 grid, int smem) {
-  const int floor = one_block_an_sm_floor<Kernel>();
+inline int one_block_an_sm_smem(dim3 grid, int smem, int floor) {
   if (floor <= smem) return smem;
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) {
