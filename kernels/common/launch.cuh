@@ -92,6 +92,25 @@ bool use_pdl() {
 }
 
 #if !defined(USE_ROCM)
+/// SMs of the current device, for grids sized to the machine; 0 where the runtime cannot say.
+/// Looked up once per device.
+inline int sm_count() {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    (void)cudaGetLastError();  // not this launch's error
+    return 0;
+  }
+  static PerDevice known;
+  return known.get(device, [device] {
+    int count = 0;
+    if (cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return 0;
+    }
+    return count > 0 ? count : 0;
+  });
+}
+
 /// The dynamic shared memory that keeps `Kernel`'s blocks one an SM where it launches with PDL:
 /// just over half an SM's shared memory, less the kernel's static share; 0 where it launches
 /// plainly, or may not have that much (its opt-in limit). Looked up once per kernel and device.
@@ -137,18 +156,7 @@ int one_block_an_sm_floor() {
 /// most with PDL (benchmarks/results/decode_layer_cuda_h200.md).
 inline int one_block_an_sm_smem(dim3 grid, int smem, int floor) {
   if (floor <= smem) return smem;
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return smem;
-  }
-  static PerDevice sms_known;
-  const int sms = sms_known.get(device, [device] {
-    int sms = 0;
-    return cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess
-               ? sms
-               : ((void)cudaGetLastError(), 0);
-  });
+  const int sms = sm_count();
   if (sms <= 0 || int64_t{grid.x} * grid.y * grid.z > sms) return smem;
   return floor;
 }

@@ -487,24 +487,10 @@ __global__ void __launch_bounds__(kMaxRowThreads) per_token_streaming_kernel(con
 
 bool aligned(const void* p, int64_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
-/// SMs of the current device, for grids sized to the machine; looked up once per device.
-int64_t sm_count() {
-  constexpr int kFallback = 132;  // where the runtime cannot say: a common size
-  static PerDevice sms;
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) {
-    (void)cudaGetLastError();  // not this launch's error
-    return kFallback;
-  }
-  const int n = sms.get(device, [device] {
-    int count = 0;
-    if (cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
-        count <= 0) {
-      (void)cudaGetLastError();
-      return 0;
-    }
-    return count;
-  });
+/// SMs of the current device (launch.cuh), or a common count where the runtime cannot say.
+int64_t num_sms() {
+  constexpr int kFallback = 132;
+  const int n = sm_count();
   return n > 0 ? n : kFallback;
 }
 
@@ -584,7 +570,7 @@ gpuError_t launch_static_vec(const QuantProblem& p, gpuStream_t stream) {
   // One tile a block (no grid-stride loop): on an H100 the persistent grid ran 8192 x 8192
   // bf16 at 0.93x of torch.compile's one-tile-a-program kernel.
   if (a.num_tiles == 0) return gpuSuccess;
-  if (a.num_tiles < sm_count()) {
+  if (a.num_tiles < num_sms()) {
     // Fewer tiles than SMs (decode sizes): one load a thread (no unrolled tile; half a vector
     // for 16-bit inputs) in blocks of kDecodeBlock threads, so that the work spreads over eight
     // times the threads (four for fp32). H200, bf16 x 8192, calls replayed back to back from a
@@ -692,7 +678,7 @@ gpuError_t launch_per_token_vec(const QuantProblem& p, gpuStream_t stream) {
   const Rows<T> a = make_rows<T, kVec>(p);
   // Fewer rows than SMs (decode sizes): up to kMaxRowThreads threads a row, so that each thread
   // converts fewer elements.
-  const int64_t row_threads = p.num_tokens < sm_count() ? kMaxRowThreads : kRowBlockThreads;
+  const int64_t row_threads = p.num_tokens < num_sms() ? kMaxRowThreads : kRowBlockThreads;
   return launch_rows<T, kVec>(a, row_shape(a.vecs_per_row, row_threads), stream);
 }
 
@@ -743,7 +729,7 @@ gpuError_t launch_dynamic_vec(const QuantProblem& p, gpuStream_t stream) {
   Tiles<T> a;
   if (!make_tiles<T, kVec, kThreads>(p, a)) return gpuErrorInvalidValue;
   if (p.workspace == nullptr) return gpuErrorInvalidValue;
-  const int64_t sms = sm_count();
+  const int64_t sms = num_sms();
   static PerDevice absmax_per_sm, quant_per_sm;
   int64_t partials = grid_for(
       a.num_tiles, sms * resident_blocks(absmax_per_sm, absmax_partials_kernel<T, kVec>, kThreads));
