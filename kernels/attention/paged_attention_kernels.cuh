@@ -220,7 +220,7 @@ __device__ __forceinline__ PartitionRange partition_range(const Launch& l, int s
 template <typename T, int kHead>
 __device__ __forceinline__ void write_zero_heads(const PagedAttentionProblem& p, int64_t s,
                                                  int head0, int ng) {
-  for (int i = threadIdx.x; i < ng * kHead; i += kThreads) {
+  for (int i = threadIdx.x; i < ng * kHead; i += blockDim.x) {
     T* o = static_cast<T*>(p.out) + s * p.num_heads * kHead +
            static_cast<int64_t>(head0 + i / kHead) * kHead + i % kHead;
     *o = from_float<T>(0.0f);
@@ -566,7 +566,8 @@ __global__ void __launch_bounds__(kReduceThreads)
     }
     if (seq_len <= l.partition_size) continue;
     // Clamped so that a max_seq_len below a sequence's length (a caller's error) cannot make
-    // the reduce read past the scratch rows.
+    // the reduce read past the scratch rows (it reads rows that no block wrote: a wrong result,
+    // not an out-of-bounds read; the split step runs the partitions of max_seq_len only).
     int64_t np64 = (seq_len + l.partition_size - 1) / l.partition_size;
     if (np64 > l.max_num_partitions) np64 = l.max_num_partitions;
     const int np = static_cast<int>(np64);

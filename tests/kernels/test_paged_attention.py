@@ -251,6 +251,35 @@ def test_very_long_sequence_v2(device):
 
 
 @pytest.mark.parametrize("version", ["v1", "v2"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_grids_over_and_under_the_sms(device, version, dtype):
+    """The tensor-core kernel runs wide blocks (8 warps) where its grid has at most a block an
+    SM and each warp gets two steps (256 tokens at block size 16), narrow ones (4 warps)
+    elsewhere: plain and XL, over a batch of three long sequences, one of them empty, and over
+    one of more (sequence, KV head) blocks than the GPU has SMs, of random lengths."""
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device != "cpu" else 8
+    gen = torch.Generator().manual_seed(sms)
+    kv = 8
+    fill = max(1, sms // (3 * kv))  # v2's partitions of the small batch (split_kv)
+    for num_seqs in (3, sms // kv + 1):
+        # Long enough for wide blocks in v2's partitions too, short enough for no more of them.
+        lengths = torch.randint(256 * fill + 100, 512 * fill - 100, (num_seqs,), generator=gen)
+        lengths = lengths.tolist()
+        lengths[1] = 0
+        if device != "cpu":  # the grid the wrapper launches is what this test is for
+            longest = max(lengths)
+            size = split_kv(version, longest, num_seqs, 4 * kv, kv, 16, torch.device(device))
+            grid = num_seqs * kv * (math.ceil(longest / size) if size else 1)
+            wide = grid <= sms and min(size or longest, longest) >= 256
+            assert wide == (num_seqs == 3), (grid, size)
+        b = Batch(lengths, 4 * kv, kv, 128, 16, dtype, device)
+        check(b.run(version), b.ref(), dtype)
+        u = torch.randn_like(b.query)
+        bd = torch.randn(num_seqs, 4 * kv, b.max_seq_len, device=device).to(dtype)
+        check(b.run_xl(u, bd, version), b.ref(pos_bias_u=u, matrix_bd=bd), dtype)
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
 @pytest.mark.parametrize("dtype", list(TOL))
 def test_alibi(device, version, dtype):
     b = Batch(SEQ_LENS, 8, 4, 96, 16, dtype, device)
