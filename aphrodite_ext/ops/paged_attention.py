@@ -73,11 +73,9 @@ def split_kv(
     ceil(max_seq_len / MIN_PARTITION_SIZE), each a whole number of 16-token steps (cache blocks,
     where longer). H200, GQA 32/8, head 128, cold L2 (kernels/attention/NOTES.md): one sequence
     of 1024 tokens 11.2 us over 16 partitions against 17.8 over 2 (23.1 with v1), 8 sequences
-    20.5 over 2 (23.3 with v1), 16 sequences 24.4 with v1 (30.0 over 2), all with 4-warp blocks;
-    since the kernel runs 8 warps where a block has its SM alone, an H100 ran 8 sequences of 1024
-    tokens with v1 in 20.7 us, over split_kv's 2 partitions in 23.8 (not re-tuned yet: NOTES.md).
-    Elsewhere (the CPU, ROCm: not measured) vLLM's rule: v2 past 8192 tokens, or past 512 while
-    num_seqs x num_heads < 512, in PARTITION_SIZE-token partitions."""
+    20.5 over 2 (23.3 with v1), 16 sequences 24.4 with v1 (30.0 over 2). Elsewhere (the CPU, ROCm:
+    not measured) vLLM's rule: v2 past 8192 tokens, or past 512 while num_seqs x num_heads < 512,
+    in PARTITION_SIZE-token partitions."""
     if version not in ("auto", "v1", "v2"):
         raise ValueError(f"version must be 'auto', 'v1' or 'v2', got {version!r}")
     if device.type != "cuda" or torch.version.hip is not None:

@@ -220,7 +220,7 @@ __device__ __forceinline__ PartitionRange partition_range(const Launch& l, int s
 template <typename T, int kHead>
 __device__ __forceinline__ void write_zero_heads(const PagedAttentionProblem& p, int64_t s,
                                                  int head0, int ng) {
-  for (int i = threadIdx.x; i < ng * kHead; i += blockDim.x) {
+  for (int i = threadIdx.x; i < ng * kHead; i += kThreads) {
     T* o = static_cast<T*>(p.out) + s * p.num_heads * kHead +
            static_cast<int64_t>(head0 + i / kHead) * kHead + i % kHead;
     *o = from_float<T>(0.0f);

@@ -38,7 +38,7 @@ struct KernelTag {
 /// sm_120, where head sizes 192 and 256 at block size 32, about 103 and 137 KiB, do not fit:
 /// those problems run staged) less the kernel's static shared memory; -1 below compute
 /// capability 8.0 (mma.sync bf16, ldmatrix, cp.async) or where the runtime cannot say. Looked up
-/// once per kernel and device.
+/// once per kernel and device (it was four runtime queries a launch).
 template <auto Kernel>
 int mma_smem_limit() {
   int dev = 0;
@@ -91,70 +91,44 @@ gpuError_t paged_attention_run(const PagedAttentionProblem& p,
   }
   const unsigned grid_z =
       static_cast<unsigned>(p.num_seqs < detail::kMaxGridZ ? p.num_seqs : detail::kMaxGridZ);
-  // The grid of blocks of kG query heads each.
-  auto grid_for = [&](int kG) {
-    l.num_splits = static_cast<int>((group + kG - 1) / kG);
-    return dim3(static_cast<unsigned>(p.num_kv_heads * l.num_splits),
-                static_cast<unsigned>(partitions), grid_z);
-  };
-  // `kernel`: a KernelTag (launch_kernel takes the kernel as a template argument); `smem`: the
-  // dynamic shared memory of this launch's blocks, `smem_max` the most any launch of the kernel
-  // asks for on this device.
-  auto launch = [&](auto kernel, dim3 grid, int threads, int smem, int smem_max) {
+  // `kernel`: a KernelTag (launch_kernel takes the kernel as a template argument).
+  auto launch = [&](auto kernel, int kG, int smem) {
     constexpr auto kKernel = decltype(kernel)::kKernel;
+    l.num_splits = static_cast<int>((group + kG - 1) / kG);
+    const dim3 grid(static_cast<unsigned>(p.num_kv_heads * l.num_splits),
+                    static_cast<unsigned>(partitions), grid_z);
 #if APHRODITE_PAGED_ATTENTION_STAGED
     // Dynamic shared memory past 48 KiB must be allowed per kernel (on the current device): the
-    // most it may launch with, one value whatever the grid (host threads launching it with
-    // different grids cannot undo each other's), since a one-wave grid launched with PDL keeps
-    // to a block an SM (launch.cuh says why).
+    // most it may launch with, since a one-wave grid launched with PDL keeps to a block an SM
+    // (launch.cuh says why).
     const int floor = one_block_an_sm_floor<kKernel>();
     const gpuError_t e = cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                              smem_max > floor ? smem_max : floor);
+                                              smem > floor ? smem : floor);
     if (e != gpuSuccess) return e;
     smem = one_block_an_sm_smem(grid, smem, floor);
 #endif
-    return launch_kernel<kKernel>(grid, dim3(threads), smem, stream, p, l);
+    return launch_kernel<kKernel>(grid, dim3(detail::kThreads), smem, stream, p, l);
   };
 #if APHRODITE_PAGED_ATTENTION_MMA
   // paged_attention.kernel=mma: the tensor-core kernel for 16-bit queries over caches of the
   // same dtype, on sm_80+ and for partitions of whole steps; everything else runs staged.
   if constexpr (std::is_same_v<T, CacheT> && !std::is_same_v<T, float> && kHead % 16 == 0) {
     using M = detail::MmaShape<T, kHead, kBS>;
-    const dim3 grid = grid_for(detail::kMmaRows);
-    // Wide blocks (kMmaWideWarps warps) where the grid has at most one block an SM and each
-    // warp gets two steps or more: a block of kWarps warps alone on its SM leaves one warp to
-    // each scheduler, which then waits on every mma, shuffle and exp2 of its step. H100, bf16,
-    // GQA 32/8, head 128, cold L2: v1 over 8 sequences of 1024 tokens (64 blocks) 30.3 us narrow,
-    // 20.7 wide; one of 4096 tokens (8 blocks) 100.8 and 61.4 (kernels/attention/NOTES.md).
-    // Where the wide block's shared memory does not fit the device's per-block limit, the
-    // narrow one runs (sm_90: head 256 at block size 32; sm_80: head 128 at block sizes 8 and
-    // 16, among others; sm_86, sm_89 and sm_120: every shape).
-    const int64_t tokens = l.partition_size < p.max_seq_len ? l.partition_size : p.max_seq_len;
-    const int sms = sm_count();
-    const bool one_wave = sms > 0 && int64_t{grid.x} * grid.y * grid.z <= sms;
-    const bool long_enough = tokens >= int64_t{2} * detail::kMmaWideWarps * M::kU;
-    const int narrow = M::smem_bytes(detail::kWarps);
-    const int wide = M::smem_bytes(detail::kMmaWideWarps);
-    auto launch_mma = [&](auto kernel, int limit) {
-      const bool wide_fits = wide <= limit;
-      const bool use_wide = wide_fits && one_wave && long_enough;
-      return launch(kernel, grid,
-                    (use_wide ? detail::kMmaWideWarps : detail::kWarps) * detail::kWarp,
-                    use_wide ? wide : narrow, wide_fits ? wide : narrow);
-    };
     // XL problems take the XL instantiation, which has no ALiBi term (the XL ops pass none):
     // XL with ALiBi, and XL where paged_attention.xl=off left the instantiation out, run staged.
     const bool whole_steps = l.partition_size % M::kU == 0;
     if (p.pos_bias_u == nullptr) {
       constexpr auto kKernel = detail::paged_attention_mma_kernel<T, kHead, kBS, false>;
-      const int limit = detail::mma_smem_limit<kKernel>();
-      if (whole_steps && narrow <= limit) return launch_mma(detail::KernelTag<kKernel>{}, limit);
+      if (whole_steps && M::kSmemBytes <= detail::mma_smem_limit<kKernel>()) {
+        return launch(detail::KernelTag<kKernel>{}, detail::kMmaRows, M::kSmemBytes);
+      }
     }
 #if APHRODITE_PAGED_ATTENTION_XL
     if (p.pos_bias_u != nullptr && p.alibi_slopes == nullptr) {
       constexpr auto kKernel = detail::paged_attention_mma_kernel<T, kHead, kBS, true>;
-      const int limit = detail::mma_smem_limit<kKernel>();
-      if (whole_steps && narrow <= limit) return launch_mma(detail::KernelTag<kKernel>{}, limit);
+      if (whole_steps && M::kSmemBytes <= detail::mma_smem_limit<kKernel>()) {
+        return launch(detail::KernelTag<kKernel>{}, detail::kMmaRows, M::kSmemBytes);
+      }
     }
 #endif
   }
@@ -162,33 +136,30 @@ gpuError_t paged_attention_run(const PagedAttentionProblem& p,
 #if APHRODITE_PAGED_ATTENTION_STAGED
   // paged_attention.kernel=staged: K and V staged through a shared-memory ring (see above).
   const int ring = detail::StagedShape<T, CacheT, kHead, kBS, 1>::kRingBytes;
-  auto launch_staged = [&](auto kernel, int kG) {
-    return launch(kernel, grid_for(kG), detail::kThreads, ring, ring);
-  };
   if (group <= 1) {
-    return launch_staged(
-        detail::KernelTag<detail::paged_attention_staged_kernel<T, CacheT, kHead, kBS, 1>>{}, 1);
+    return launch(
+        detail::KernelTag<detail::paged_attention_staged_kernel<T, CacheT, kHead, kBS, 1>>{}, 1,
+        ring);
   }
   if (group <= 4) {
-    return launch_staged(
-        detail::KernelTag<detail::paged_attention_staged_kernel<T, CacheT, kHead, kBS, 4>>{}, 4);
+    return launch(
+        detail::KernelTag<detail::paged_attention_staged_kernel<T, CacheT, kHead, kBS, 4>>{}, 4,
+        ring);
   }
-  return launch_staged(
-      detail::KernelTag<detail::paged_attention_staged_kernel<T, CacheT, kHead, kBS, 8>>{}, 8);
+  return launch(
+      detail::KernelTag<detail::paged_attention_staged_kernel<T, CacheT, kHead, kBS, 8>>{}, 8,
+      ring);
 #else
   // Group sizes 2 and 3 take the kG = 4 kernel (idle heads cost compute, not bandwidth): one
   // instantiation fewer per file keeps the build's compile time down.
-  auto launch_plain = [&](auto kernel, int kG) {
-    return launch(kernel, grid_for(kG), detail::kThreads, 0, 0);
-  };
   if (group <= 1)
-    return launch_plain(
-        detail::KernelTag<detail::paged_attention_kernel<T, CacheT, kHead, kBS, 1>>{}, 1);
+    return launch(detail::KernelTag<detail::paged_attention_kernel<T, CacheT, kHead, kBS, 1>>{}, 1,
+                  0);
   if (group <= 4)
-    return launch_plain(
-        detail::KernelTag<detail::paged_attention_kernel<T, CacheT, kHead, kBS, 4>>{}, 4);
-  return launch_plain(detail::KernelTag<detail::paged_attention_kernel<T, CacheT, kHead, kBS, 8>>{},
-                      8);
+    return launch(detail::KernelTag<detail::paged_attention_kernel<T, CacheT, kHead, kBS, 4>>{}, 4,
+                  0);
+  return launch(detail::KernelTag<detail::paged_attention_kernel<T, CacheT, kHead, kBS, 8>>{}, 8,
+                0);
 #endif
 }
 

@@ -7,20 +7,19 @@
 //
 // Design:
 // - One thread block of 4 warps per (sequence, kv head, group split of up to 16 query heads,
-//   v2 partition); 8 warps (wide blocks) where the grid has at most a block an SM and every
-//   warp gets two steps (the launcher's choice). The query heads are the mma's 16 rows (rows
-//   past the group are zeros: idle tensor-core rows cost nothing the memory system notices).
-// - Each warp owns every 4th (8th) step of kU tokens (16, or a whole block of 32) of the
-//   partition and runs its own pipeline: its lanes cp.async the step's K and V cache blocks
-//   (kHead * kBS contiguous elements each, copied as they are) into the warp's private ring of
-//   kSlots slots, kSlots - 1 slots ahead of its compute. Only __syncwarp orders the ring: no block
-//   barrier in the main loop. The block's q rows go first, as a copy group of their own: read
-//   behind the ring's first copies, q would wait for every block's first round of them.
+//   v2 partition). The query heads are the mma's 16 rows (rows past the group are zeros: idle
+//   tensor-core rows cost nothing the memory system notices).
+// - Each warp owns every 4th step of kU tokens (16, or a whole block of 32) of the partition and
+//   runs its own pipeline: its lanes cp.async the step's K and V cache blocks (kHead * kBS
+//   contiguous elements each, copied as they are) into the warp's private ring of kSlots slots,
+//   kSlots - 1 slots ahead of its compute. Only __syncwarp orders the ring: no block barrier in
+//   the main loop. The block's q rows go first, as a copy group of their own: read behind the
+//   ring's first copies, q would wait for every block's first round of them.
 // - Per step: S[16 heads, kU tokens] = Q K^T (ldmatrix of the key block layout [head / 8,
 //   block, 8] gives the B operand directly: 8 tokens x 8 dimensions are 128 contiguous bytes),
 //   an online softmax per warp in fp32 (base 2, scale folded in), P rounded to the input dtype
 //   as the A operand of O += P V (the value layout [head, block] is the B operand as stored).
-// - At the end the warps' (max, sum, O) are combined through shared memory (reusing the ring)
+// - At the end the 4 warps' (max, sum, O) are combined through shared memory (reusing the ring)
 //   and written to `out` (v1, or a sequence that fits one partition) or v2's scratch.
 // - Transformer-XL (kXL, an instantiation of its own): u is copied beside q (u_s) and added to
 //   it once; each lane reads its matrix_bd elements of the next step while the current one
@@ -49,9 +48,6 @@ inline constexpr int kMmaWarpRingBytes = 20480;
 inline constexpr int kMmaMaxSlots = 6;
 /// Query heads per thread block: the mma's M.
 inline constexpr int kMmaRows = 16;
-/// Warps of a wide block: the launcher's choice where the grid has at most a block an SM (see
-/// paged_attention_run); else kWarps.
-inline constexpr int kMmaWideWarps = 8;
 
 template <typename T, int kHead, int kBS>
 struct MmaShape {
@@ -70,14 +66,13 @@ struct MmaShape {
   static constexpr int kCopyIters = kSlotElems / 8 / kWarp;  ///< 16-byte copies per lane
   static_assert(kSlotElems % (8 * kWarp) == 0, "a slot is whole rounds of warp copies");
   static constexpr int kQStride = kHead + 8;  ///< q row in shared memory: padded, no conflicts
+  static constexpr int kRingBytes = kWarps * kSlots * kSlotBytes;
   /// A combine row in floats: padded by 8, so that the 8 rows a warp's float2 stores touch at
   /// once fall in distinct banks (unpadded they were 8-way conflicts: ~1.4 us of a ctx-1024
   /// block's ~2.7 us epilogue on an H100).
   static constexpr int kCStride = kHead + 8;
-  /// The dynamic shared memory of a block of `warps` warps: their rings, later the combine.
-  static constexpr int smem_bytes(int warps) {
-    return cmax(warps * kSlots * kSlotBytes, warps * kMmaRows * kCStride * 4);
-  }
+  static constexpr int kCombineBytes = kWarps * kMmaRows * kCStride * 4;
+  static constexpr int kSmemBytes = cmax(kRingBytes, kCombineBytes);
 };
 
 __device__ __forceinline__ unsigned smem_addr(const void* p) {
@@ -148,7 +143,7 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
 /// that its bias read-ahead costs plain attention no registers (one kernel for both, with the
 /// read-ahead behind a run-time flag, ran plain v1 / v2 1-4% slower on an H200: NOTES.md).
 template <typename T, int kHead, int kBS, bool kXL>
-__global__ void __launch_bounds__(kMmaWideWarps* kWarp)
+__global__ void __launch_bounds__(kThreads)
     paged_attention_mma_kernel(const PagedAttentionProblem p, const Launch l) {
   pdl_wait();  // the dependents are let go after the main loop
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
@@ -159,12 +154,10 @@ __global__ void __launch_bounds__(kMmaWideWarps* kWarp)
   float* const combine = reinterpret_cast<float*>(smem_raw);
   __shared__ alignas(16) T q_s[kMmaRows * M::kQStride];
   __shared__ alignas(16) T u_s[kXL ? kMmaRows * M::kQStride : 8];  // XL: pos_bias_u's rows
-  __shared__ float m_s[kMmaWideWarps][kMmaRows], l_s[kMmaWideWarps][kMmaRows];
+  __shared__ float m_s[kWarps][kMmaRows], l_s[kWarps][kMmaRows];
   __shared__ float row_max[kMmaRows], row_sum[kMmaRows];  // over the warps
 
   const int tid = threadIdx.x;
-  const int threads = static_cast<int>(blockDim.x);
-  const int warps = threads / kWarp;  // kWarps, or kMmaWideWarps
   const int warp = tid / kWarp;
   const int lane = tid % kWarp;
   const int group = static_cast<int>(p.num_heads / p.num_kv_heads);
@@ -192,7 +185,7 @@ __global__ void __launch_bounds__(kMmaWideWarps* kWarp)
     constexpr int kBPS = M::kU / kBS;                                   // cache blocks a step
     int32_t tbl[kBPS], tbl_next[kBPS];
     auto load_table = [&](int32_t (&dst)[kBPS], int chunk) {
-      const int64_t col = (first + (warp + warps * (int64_t{chunk} * kWarp + lane)) * M::kU) / kBS;
+      const int64_t col = (first + (warp + kWarps * (int64_t{chunk} * kWarp + lane)) * M::kU) / kBS;
 #pragma unroll
       for (int b = 0; b < kBPS; ++b) {
         dst[b] = col + b < p.block_table_width ? table[col + b] : 0;
@@ -211,7 +204,7 @@ __global__ void __launch_bounds__(kMmaWideWarps* kWarp)
     }
 
     const int nsteps = cdiv(end - begin, M::kU);
-    const int mine = warp < nsteps ? cdiv(nsteps - warp, warps) : 0;  // this warp's steps
+    const int mine = warp < nsteps ? cdiv(nsteps - warp, kWarps) : 0;  // this warp's steps
     // The producer: item 2i is the K of this warp's step i, item 2i + 1 its V.
     int pitem = 0, pslot = 0;
     auto issue = [&]() {
@@ -222,7 +215,7 @@ __global__ void __launch_bounds__(kMmaWideWarps* kWarp)
           for (int b = 0; b < kBPS; ++b) tbl[b] = tbl_next[b];
           load_table(tbl_next, st / kWarp + 1);
         }
-        const int t0 = begin + (warp + warps * st) * M::kU;
+        const int t0 = begin + (warp + kWarps * st) * M::kU;
         const int nblk = cdiv(cmin(M::kU, end - t0), kBS);  // blocks holding tokens < end
         const T* src0 = ((pitem & 1) ? vc : kc) + kvh * p.kv_head_stride;
         T* dst0 = ring + pslot * M::kSlotElems;
@@ -270,7 +263,7 @@ __global__ void __launch_bounds__(kMmaWideWarps* kWarp)
         reinterpret_cast<uintptr_t>(q_seq) % 16 == 0 && p.q_head_stride % 8 == 0 &&
         (!kXL || (reinterpret_cast<uintptr_t>(u_seq) % 16 == 0 && p.u_head_stride % 8 == 0));
     if (q_async) {
-      for (int c = tid; c < kMmaRows * kHead / 8; c += threads) {
+      for (int c = tid; c < kMmaRows * kHead / 8; c += kThreads) {
         const int g = c / (kHead / 8), d = c % (kHead / 8) * 8;
         T* const dst = q_s + g * M::kQStride + d;
         if (g < ng) {
@@ -295,7 +288,7 @@ __global__ void __launch_bounds__(kMmaWideWarps* kWarp)
     const uint16_t* const bd_seq =
         kXL ? static_cast<const uint16_t*>(p.matrix_bd) + s * p.bd_seq_stride : nullptr;
     auto load_bd = [&](int step, uint32_t (&raw)[M::kNT][4]) {
-      const int t0 = begin + (warp + warps * step) * M::kU;
+      const int t0 = begin + (warp + kWarps * step) * M::kU;
 #pragma unroll
       for (int n = 0; n < M::kNT; ++n) {
 #pragma unroll
@@ -323,7 +316,7 @@ __global__ void __launch_bounds__(kMmaWideWarps* kWarp)
     if (q_async) {
       stage_wait<M::kSlots - 1>();  // the q group (the K / V groups after it may be in flight)
       if constexpr (kXL) {          // q + u, rounded once, from the chunks this thread copied
-        for (int c = tid; c < ng * kHead / 8; c += threads) {
+        for (int c = tid; c < ng * kHead / 8; c += kThreads) {
           const int i = c / (kHead / 8) * M::kQStride + c % (kHead / 8) * 8;
 #pragma unroll
           for (int k = 0; k < 8; ++k) {
@@ -332,7 +325,7 @@ __global__ void __launch_bounds__(kMmaWideWarps* kWarp)
         }
       }
     } else {  // q (+ u for XL) in the input dtype
-      for (int i = tid; i < kMmaRows * kHead; i += threads) {
+      for (int i = tid; i < kMmaRows * kHead; i += kThreads) {
         const int g = i / kHead, d = i % kHead;
         const float v = g < ng ? query_value<T>(p, s, head0 + g, d, kXL) : 0.0f;
         q_s[g * M::kQStride + d] = from_float<T>(v);
@@ -349,7 +342,7 @@ __global__ void __launch_bounds__(kMmaWideWarps* kWarp)
 
 #pragma unroll 1
     for (int it = 0; it < mine; ++it) {
-      const int tb = begin + (warp + warps * it) * M::kU;  // the step's first token
+      const int tb = begin + (warp + kWarps * it) * M::kU;  // the step's first token
       uint32_t bd_next[M::kNT][4];
       if constexpr (kXL) load_bd(it + 1, bd_next);
       // S = Q K^T.
@@ -475,7 +468,8 @@ __global__ void __launch_bounds__(kMmaWideWarps* kWarp)
     }
     __syncthreads();  // m_s and l_s are complete; every warp is done with its ring
     float mx0 = -INFINITY, mx1 = -INFINITY;
-    for (int w = 0; w < warps; ++w) {
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
       mx0 = fmaxf(mx0, m_s[w][r0]);
       mx1 = fmaxf(mx1, m_s[w][r0 + 8]);
     }
@@ -483,7 +477,8 @@ __global__ void __launch_bounds__(kMmaWideWarps* kWarp)
     const float w1 = m1 == -INFINITY ? 0.0f : exp2f(m1 - mx1);
     if (warp == 0 && lane % 4 == 0) {  // rows r0 and r0 + 8: their max and rescaled sum, once
       float total0 = 0.0f, total1 = 0.0f;
-      for (int w = 0; w < warps; ++w) {
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
         const float mw0 = m_s[w][r0], mw1 = m_s[w][r0 + 8];
         total0 += mw0 == -INFINITY ? 0.0f : l_s[w][r0] * exp2f(mw0 - mx0);
         total1 += mw1 == -INFINITY ? 0.0f : l_s[w][r0 + 8] * exp2f(mw1 - mx1);
@@ -506,10 +501,11 @@ __global__ void __launch_bounds__(kMmaWideWarps* kWarp)
 
     // Write: out (v1, or a sequence of one partition) or the partition's scratch.
 #pragma unroll 4
-    for (int i = tid; i < ng * kHead; i += threads) {
+    for (int i = tid; i < ng * kHead; i += kThreads) {
       const int g = i / kHead, d = i % kHead;
       float num = 0.0f;
-      for (int w = 0; w < warps; ++w) num += combine[(w * kMmaRows + g) * M::kCStride + d];
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) num += combine[(w * kMmaRows + g) * M::kCStride + d];
       const float total = row_sum[g];
       const float v = total > 0.0f ? num / total : 0.0f;
       // The max is held in base-2 units; the reduce works in natural-log ones.
