@@ -266,7 +266,7 @@ def test_grids_over_and_under_the_sms(device, version, dtype):
         lengths = torch.randint(256 * fill + 100, 512 * fill - 100, (num_seqs,), generator=gen)
         lengths = lengths.tolist()
         lengths[1] = 0
-        if device != "cpu":  # the grid the wrapper launches is what this test is for
+        if device != "cpu" and sms >= 6 * kv:  # the grids this test is for (a GPU this size)
             longest = max(lengths)
             size = split_kv(version, longest, num_seqs, 4 * kv, kv, 16, torch.device(device))
             grid = num_seqs * kv * (math.ceil(longest / size) if size else 1)
