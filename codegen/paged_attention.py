@@ -11,6 +11,11 @@ Options (APHRODITE_GENERATOR_OPTIONS="paged_attention.head_sizes=128;paged_atten
   xl           on/off: the Transformer-XL ops (default on; the staged and regs kernels run them
                on a run-time path, the mma kernel as an instantiation of its own: one more
                kernel per block size in each file, bf16 head 128 for sm_90a 16.6 -> 19.9 s)
+  wide         on/off: the mma kernel's wide (8-warp) instantiations beside its 4-warp ones (default
+               on; one more kernel per block size and XL mode in each 16-bit file: bf16 head
+               128 for sm_90a 15.1 -> 21.2 s of nvcc), which the launcher runs where the grid
+               holds at most half the SMs, each warp gets a step and the shared memory fits
+               (paged_attention_launch.cuh's mma_wide); split_kv assumes them built
   min_blocks   1..8: resident 128-thread blocks per SM the regs kernel is compiled for
                (__launch_bounds__; default 1 = no register cap, 3 caps at 168 registers, 4 at
                128); a tuning knob, so that builds can be measured against each other
@@ -29,7 +34,8 @@ Options (APHRODITE_GENERATOR_OPTIONS="paged_attention.head_sizes=128;paged_atten
 Cost: the full grid is 21 files; with kernel=regs each held 18 kernels (3 block sizes x 2
 caches x 3 group tilings), and a clean -j2 build for 9.0a on the 2-core machine took 873 s of
 CPU for the whole project, most of it here. With kernel=mma (the default) a 16-bit file holds
-24: per block size the staged kernel's 6, the mma kernel and its XL instantiation. The staged
+30: per block size the staged kernel's 6, the mma kernel and its XL instantiation, each in 4-warp
+and wide blocks (24 with wide=off). The staged
 kernel compiles about 4x faster than regs (bf16, head size 256: 12 s of nvcc CPU time against
 52 s, 9.0a, on that machine). CI can narrow the grid:
 "paged_attention.dtypes=bf16,f16;paged_attention.head_sizes=64,128,256" builds 6 of the 21
@@ -70,7 +76,9 @@ HEAD_SIZES = ["64", "80", "96", "112", "128", "192", "256"]
 BLOCK_SIZES = ["8", "16", "32"]
 CACHES = [Cache("auto", None, "kAuto"), Cache("fp8", "uint8_t", "kFp8E4M3")]
 # The keys of the Options above (common.main rejects any other).
-OPTION_KEYS = ("head_sizes", "dtypes", "block_sizes", "fp8", "xl", "min_blocks", "kernel")
+OPTION_KEYS = (
+    "head_sizes", "dtypes", "block_sizes", "fp8", "xl", "wide", "min_blocks", "kernel",
+)
 TEMPLATES = ["paged_attention_instance.cu.j2", "paged_attention_dispatch.cu.j2"]
 
 
@@ -81,6 +89,7 @@ class Grid:
     block_sizes: list[int]
     caches: list[Cache]
     xl: bool
+    wide: bool
     min_blocks: int
     staged: bool
     mma: bool
@@ -128,6 +137,7 @@ def grid(request: common.Request) -> Grid:
         block_sizes=[int(b) for b in blocks],
         caches=[c for c in CACHES if c.name == "auto" or fp8],
         xl=switch(request, "xl", True),
+        wide=switch(request, "wide", True),
         min_blocks=min_blocks(request),
         staged=kernel(request) in ("staged", "mma") and backend == "cuda",
         mma=kernel(request) == "mma" and backend == "cuda",
@@ -151,6 +161,7 @@ def render(request: common.Request) -> dict[str, str]:
                 staged=g.staged,
                 mma=g.mma,
                 xl=g.xl,
+                wide=g.wide,
             )
     files["paged_attention_dispatch.cu"] = env.get_template(TEMPLATES[1]).render(
         banner=common.banner(Path(__file__), TEMPLATES[1]),

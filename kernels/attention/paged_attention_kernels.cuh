@@ -216,11 +216,12 @@ __device__ __forceinline__ PartitionRange partition_range(const Launch& l, int s
   return r;
 }
 
-/// v1 on an empty sequence: zeros in `out` for heads [head0, head0 + ng) of sequence s.
-template <typename T, int kHead>
+/// v1 on an empty sequence: zeros in `out` for heads [head0, head0 + ng) of sequence s, by a
+/// block of kBlockThreads threads.
+template <typename T, int kHead, int kBlockThreads = kThreads>
 __device__ __forceinline__ void write_zero_heads(const PagedAttentionProblem& p, int64_t s,
                                                  int head0, int ng) {
-  for (int i = threadIdx.x; i < ng * kHead; i += kThreads) {
+  for (int i = threadIdx.x; i < ng * kHead; i += kBlockThreads) {
     T* o = static_cast<T*>(p.out) + s * p.num_heads * kHead +
            static_cast<int64_t>(head0 + i / kHead) * kHead + i % kHead;
     *o = from_float<T>(0.0f);

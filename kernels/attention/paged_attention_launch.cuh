@@ -15,6 +15,12 @@
 #undef APHRODITE_PAGED_ATTENTION_MMA
 #define APHRODITE_PAGED_ATTENTION_MMA 0
 #endif
+/// 1: the mma kernel's wide (8-warp) instantiations are built beside the 4-warp ones (generator
+/// option paged_attention.wide=on, the default).
+#if !defined(APHRODITE_PAGED_ATTENTION_WIDE) || !APHRODITE_PAGED_ATTENTION_MMA
+#undef APHRODITE_PAGED_ATTENTION_WIDE
+#define APHRODITE_PAGED_ATTENTION_WIDE 0
+#endif
 /// 1: the mma kernel's Transformer-XL instantiation is built (generator option
 /// paged_attention.xl=on, the default); the dispatch refuses the XL ops where it is not.
 #if !defined(APHRODITE_PAGED_ATTENTION_XL)
@@ -61,6 +67,30 @@ int mma_smem_limit() {
   });
   return v > 0 ? v - 1 : -1;
 }
+
+#if APHRODITE_PAGED_ATTENTION_WIDE
+/// Warps of a wide block.
+inline constexpr int kMmaWideWarps = 8;
+/// The largest per-block opt-in shared memory of any GPU (sm_90, sm_100: 227 KiB).
+inline constexpr int kMaxSmemOptin = 227 * 1024;
+
+/// Whether the tensor-core kernel runs wide blocks (where their shared memory fits the device:
+/// not on sm_86, sm_89, sm_120; on sm_80 not at head 128 below block size 32, among others):
+/// where `grid` leaves every other SM idle and its partitions of `tokens` tokens give each warp a
+/// step of `step` tokens. A block of 4 warps
+/// alone on its SM leaves one warp to each scheduler, which then waits on every mma, shuffle
+/// and exp2 of its step; 8 warps hide that. H100, bf16, GQA 32/8, head 128, cold L2: v1 over 8
+/// sequences of 1024 / 4096 tokens (64 blocks) 23.7 / 73.4 us in 4-warp blocks, 18.3 / 50.7 in
+/// wide ones. Past half the SMs wide blocks stop gaining (12 sequences, 96 blocks: 23.9 / 73.9
+/// against 25.3 / 80.8; both SMs of a TPC then hold a block, the likely cause; kernels/
+/// attention/NOTES.md).
+/// split_kv (aphrodite_ext/ops/paged_attention.py) picks its partitions by the same rule.
+inline bool mma_wide(dim3 grid, int64_t tokens, int step) {
+  const int sms = sm_count();
+  return sms > 0 && int64_t{grid.x} * grid.y * grid.z <= sms / 2 &&
+         tokens >= int64_t{kMmaWideWarps} * step;
+}
+#endif
 #endif
 
 }  // namespace detail
@@ -91,12 +121,15 @@ gpuError_t paged_attention_run(const PagedAttentionProblem& p,
   }
   const unsigned grid_z =
       static_cast<unsigned>(p.num_seqs < detail::kMaxGridZ ? p.num_seqs : detail::kMaxGridZ);
-  // `kernel`: a KernelTag (launch_kernel takes the kernel as a template argument).
-  auto launch = [&](auto kernel, int kG, int smem) {
-    constexpr auto kKernel = decltype(kernel)::kKernel;
+  // The grid of blocks of kG query heads each.
+  auto grid_for = [&](int kG) {
     l.num_splits = static_cast<int>((group + kG - 1) / kG);
-    const dim3 grid(static_cast<unsigned>(p.num_kv_heads * l.num_splits),
-                    static_cast<unsigned>(partitions), grid_z);
+    return dim3(static_cast<unsigned>(p.num_kv_heads * l.num_splits),
+                static_cast<unsigned>(partitions), grid_z);
+  };
+  // `kernel`: a KernelTag (launch_kernel takes the kernel as a template argument).
+  auto launch = [&](auto kernel, dim3 grid, int threads, int smem) {
+    constexpr auto kKernel = decltype(kernel)::kKernel;
 #if APHRODITE_PAGED_ATTENTION_STAGED
     // Dynamic shared memory past 48 KiB must be allowed per kernel (on the current device): the
     // most it may launch with, since a one-wave grid launched with PDL keeps to a block an SM
@@ -107,28 +140,47 @@ gpuError_t paged_attention_run(const PagedAttentionProblem& p,
     if (e != gpuSuccess) return e;
     smem = one_block_an_sm_smem(grid, smem, floor);
 #endif
-    return launch_kernel<kKernel>(grid, dim3(detail::kThreads), smem, stream, p, l);
+    return launch_kernel<kKernel>(grid, dim3(threads), smem, stream, p, l);
   };
 #if APHRODITE_PAGED_ATTENTION_MMA
   // paged_attention.kernel=mma: the tensor-core kernel for 16-bit queries over caches of the
   // same dtype, on sm_80+ and for partitions of whole steps; everything else runs staged.
   if constexpr (std::is_same_v<T, CacheT> && !std::is_same_v<T, float> && kHead % 16 == 0) {
     using M = detail::MmaShape<T, kHead, kBS>;
+    const dim3 grid = grid_for(detail::kMmaRows);
+    const bool whole_steps = l.partition_size % M::kU == 0;
+    // Runs the XL (kXL) or the plain instantiation where it can: 4-warp blocks, or wide ones
+    // where detail::mma_wide says so; false where the problem is not for it (err untouched).
+    gpuError_t err = gpuSuccess;
+    auto run_mma = [&](auto xl) {
+      constexpr bool kXL = decltype(xl)::value;
+      constexpr auto kNarrow =
+          detail::paged_attention_mma_kernel<T, kHead, kBS, kXL, detail::kWarps>;
+      constexpr int kNarrowSmem = M::smem_bytes(detail::kWarps);
+      if (!whole_steps || kNarrowSmem > detail::mma_smem_limit<kNarrow>()) return false;
+#if APHRODITE_PAGED_ATTENTION_WIDE
+      constexpr int kWideSmem = M::smem_bytes(detail::kMmaWideWarps);
+      // (not instantiated where no GPU has the shared memory: head 256 at block size 32)
+      if constexpr (kWideSmem <= detail::kMaxSmemOptin) {
+        constexpr auto kWide =
+            detail::paged_attention_mma_kernel<T, kHead, kBS, kXL, detail::kMmaWideWarps>;
+        const int64_t tokens = l.partition_size < p.max_seq_len ? l.partition_size : p.max_seq_len;
+        if (detail::mma_wide(grid, tokens, M::kU) && kWideSmem <= detail::mma_smem_limit<kWide>()) {
+          err = launch(detail::KernelTag<kWide>{}, grid, detail::kMmaWideWarps * detail::kWarp,
+                       kWideSmem);
+          return true;
+        }
+      }
+#endif
+      err = launch(detail::KernelTag<kNarrow>{}, grid, detail::kThreads, kNarrowSmem);
+      return true;
+    };
     // XL problems take the XL instantiation, which has no ALiBi term (the XL ops pass none):
     // XL with ALiBi, and XL where paged_attention.xl=off left the instantiation out, run staged.
-    const bool whole_steps = l.partition_size % M::kU == 0;
-    if (p.pos_bias_u == nullptr) {
-      constexpr auto kKernel = detail::paged_attention_mma_kernel<T, kHead, kBS, false>;
-      if (whole_steps && M::kSmemBytes <= detail::mma_smem_limit<kKernel>()) {
-        return launch(detail::KernelTag<kKernel>{}, detail::kMmaRows, M::kSmemBytes);
-      }
-    }
+    if (p.pos_bias_u == nullptr && run_mma(std::false_type{})) return err;
 #if APHRODITE_PAGED_ATTENTION_XL
-    if (p.pos_bias_u != nullptr && p.alibi_slopes == nullptr) {
-      constexpr auto kKernel = detail::paged_attention_mma_kernel<T, kHead, kBS, true>;
-      if (whole_steps && M::kSmemBytes <= detail::mma_smem_limit<kKernel>()) {
-        return launch(detail::KernelTag<kKernel>{}, detail::kMmaRows, M::kSmemBytes);
-      }
+    if (p.pos_bias_u != nullptr && p.alibi_slopes == nullptr && run_mma(std::true_type{})) {
+      return err;
     }
 #endif
   }
@@ -136,30 +188,33 @@ gpuError_t paged_attention_run(const PagedAttentionProblem& p,
 #if APHRODITE_PAGED_ATTENTION_STAGED
   // paged_attention.kernel=staged: K and V staged through a shared-memory ring (see above).
   const int ring = detail::StagedShape<T, CacheT, kHead, kBS, 1>::kRingBytes;
+  auto launch_staged = [&](auto kernel, int kG) {
+    return launch(kernel, grid_for(kG), detail::kThreads, ring);
+  };
   if (group <= 1) {
-    return launch(
-        detail::KernelTag<detail::paged_attention_staged_kernel<T, CacheT, kHead, kBS, 1>>{}, 1,
-        ring);
+    return launch_staged(
+        detail::KernelTag<detail::paged_attention_staged_kernel<T, CacheT, kHead, kBS, 1>>{}, 1);
   }
   if (group <= 4) {
-    return launch(
-        detail::KernelTag<detail::paged_attention_staged_kernel<T, CacheT, kHead, kBS, 4>>{}, 4,
-        ring);
+    return launch_staged(
+        detail::KernelTag<detail::paged_attention_staged_kernel<T, CacheT, kHead, kBS, 4>>{}, 4);
   }
-  return launch(
-      detail::KernelTag<detail::paged_attention_staged_kernel<T, CacheT, kHead, kBS, 8>>{}, 8,
-      ring);
+  return launch_staged(
+      detail::KernelTag<detail::paged_attention_staged_kernel<T, CacheT, kHead, kBS, 8>>{}, 8);
 #else
   // Group sizes 2 and 3 take the kG = 4 kernel (idle heads cost compute, not bandwidth): one
   // instantiation fewer per file keeps the build's compile time down.
+  auto launch_plain = [&](auto kernel, int kG) {
+    return launch(kernel, grid_for(kG), detail::kThreads, 0);
+  };
   if (group <= 1)
-    return launch(detail::KernelTag<detail::paged_attention_kernel<T, CacheT, kHead, kBS, 1>>{}, 1,
-                  0);
+    return launch_plain(
+        detail::KernelTag<detail::paged_attention_kernel<T, CacheT, kHead, kBS, 1>>{}, 1);
   if (group <= 4)
-    return launch(detail::KernelTag<detail::paged_attention_kernel<T, CacheT, kHead, kBS, 4>>{}, 4,
-                  0);
-  return launch(detail::KernelTag<detail::paged_attention_kernel<T, CacheT, kHead, kBS, 8>>{}, 8,
-                0);
+    return launch_plain(
+        detail::KernelTag<detail::paged_attention_kernel<T, CacheT, kHead, kBS, 4>>{}, 4);
+  return launch_plain(detail::KernelTag<detail::paged_attention_kernel<T, CacheT, kHead, kBS, 8>>{},
+                      8);
 #endif
 }
 

@@ -6,11 +6,12 @@
 // bandwidth. mma.sync m16n8k16 does the same work in well under one instruction per element.
 //
 // Design:
-// - One thread block of 4 warps per (sequence, kv head, group split of up to 16 query heads,
-//   v2 partition). The query heads are the mma's 16 rows (rows past the group are zeros: idle
+// - One thread block of kW warps (4; 8, "wide", where the grid leaves every other SM idle: the
+//   launcher's choice) per (sequence, kv head, group split of up to 16 query heads, v2
+//   partition). The query heads are the mma's 16 rows (rows past the group are zeros: idle
 //   tensor-core rows cost nothing the memory system notices).
-// - Each warp owns every 4th step of kU tokens (16, or a whole block of 32) of the partition and
-//   runs its own pipeline: its lanes cp.async the step's K and V cache blocks (kHead * kBS
+// - Each warp owns every kW-th step of kU tokens (16, or a whole block of 32) of the partition
+//   and runs its own pipeline: its lanes cp.async the step's K and V cache blocks (kHead * kBS
 //   contiguous elements each, copied as they are) into the warp's private ring of kSlots slots,
 //   kSlots - 1 slots ahead of its compute. Only __syncwarp orders the ring: no block barrier in
 //   the main loop. The block's q rows go first, as a copy group of their own: read behind the
@@ -19,7 +20,7 @@
 //   block, 8] gives the B operand directly: 8 tokens x 8 dimensions are 128 contiguous bytes),
 //   an online softmax per warp in fp32 (base 2, scale folded in), P rounded to the input dtype
 //   as the A operand of O += P V (the value layout [head, block] is the B operand as stored).
-// - At the end the 4 warps' (max, sum, O) are combined through shared memory (reusing the ring)
+// - At the end the warps' (max, sum, O) are combined through shared memory (reusing the ring)
 //   and written to `out` (v1, or a sequence that fits one partition) or v2's scratch.
 // - Transformer-XL (kXL, an instantiation of its own): u is copied beside q (u_s) and added to
 //   it once; each lane reads its matrix_bd elements of the next step while the current one
@@ -66,13 +67,14 @@ struct MmaShape {
   static constexpr int kCopyIters = kSlotElems / 8 / kWarp;  ///< 16-byte copies per lane
   static_assert(kSlotElems % (8 * kWarp) == 0, "a slot is whole rounds of warp copies");
   static constexpr int kQStride = kHead + 8;  ///< q row in shared memory: padded, no conflicts
-  static constexpr int kRingBytes = kWarps * kSlots * kSlotBytes;
   /// A combine row in floats: padded by 8, so that the 8 rows a warp's float2 stores touch at
   /// once fall in distinct banks (unpadded they were 8-way conflicts: ~1.4 us of a ctx-1024
   /// block's ~2.7 us epilogue on an H100).
   static constexpr int kCStride = kHead + 8;
-  static constexpr int kCombineBytes = kWarps * kMmaRows * kCStride * 4;
-  static constexpr int kSmemBytes = cmax(kRingBytes, kCombineBytes);
+  /// The dynamic shared memory of a block of `warps` warps: their rings, later the combine.
+  static constexpr int smem_bytes(int warps) {
+    return cmax(warps * kSlots * kSlotBytes, warps * kMmaRows * kCStride * 4);
+  }
 };
 
 __device__ __forceinline__ unsigned smem_addr(const void* p) {
@@ -142,19 +144,21 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
 /// sends XL problems with alibi_slopes to the staged kernel), a template of its own so
 /// that its bias read-ahead costs plain attention no registers (one kernel for both, with the
 /// read-ahead behind a run-time flag, ran plain v1 / v2 1-4% slower on an H200: NOTES.md).
-template <typename T, int kHead, int kBS, bool kXL>
-__global__ void __launch_bounds__(kThreads)
+template <typename T, int kHead, int kBS, bool kXL, int kW>
+__global__ void __launch_bounds__(kW* kWarp)
     paged_attention_mma_kernel(const PagedAttentionProblem p, const Launch l) {
   pdl_wait();  // the dependents are let go after the main loop
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   using M = MmaShape<T, kHead, kBS>;
+  static_assert(kW >= 1 && kW * kWarp <= 1024, "a block of 1 to 32 warps");
+  constexpr int kBlockThreads = kW * kWarp;
   constexpr float kLog2e = 1.4426950408889634f;
   extern __shared__ uint4 smem_raw[];  // the warps' rings, then the combine buffer
   T* const ring_all = reinterpret_cast<T*>(smem_raw);
   float* const combine = reinterpret_cast<float*>(smem_raw);
   __shared__ alignas(16) T q_s[kMmaRows * M::kQStride];
   __shared__ alignas(16) T u_s[kXL ? kMmaRows * M::kQStride : 8];  // XL: pos_bias_u's rows
-  __shared__ float m_s[kWarps][kMmaRows], l_s[kWarps][kMmaRows];
+  __shared__ float m_s[kW][kMmaRows], l_s[kW][kMmaRows];
   __shared__ float row_max[kMmaRows], row_sum[kMmaRows];  // over the warps
 
   const int tid = threadIdx.x;
@@ -185,7 +189,7 @@ __global__ void __launch_bounds__(kThreads)
     constexpr int kBPS = M::kU / kBS;                                   // cache blocks a step
     int32_t tbl[kBPS], tbl_next[kBPS];
     auto load_table = [&](int32_t (&dst)[kBPS], int chunk) {
-      const int64_t col = (first + (warp + kWarps * (int64_t{chunk} * kWarp + lane)) * M::kU) / kBS;
+      const int64_t col = (first + (warp + kW * (int64_t{chunk} * kWarp + lane)) * M::kU) / kBS;
 #pragma unroll
       for (int b = 0; b < kBPS; ++b) {
         dst[b] = col + b < p.block_table_width ? table[col + b] : 0;
@@ -199,12 +203,12 @@ __global__ void __launch_bounds__(kThreads)
     const int begin = range.begin, end = range.end;
     const bool direct = range.direct;
     if (seq_len == 0) {  // v1 only (v2's reduce writes the zeros)
-      write_zero_heads<T, kHead>(p, s, head0, ng);
+      write_zero_heads<T, kHead, kBlockThreads>(p, s, head0, ng);
       continue;
     }
 
     const int nsteps = cdiv(end - begin, M::kU);
-    const int mine = warp < nsteps ? cdiv(nsteps - warp, kWarps) : 0;  // this warp's steps
+    const int mine = warp < nsteps ? cdiv(nsteps - warp, kW) : 0;  // this warp's steps
     // The producer: item 2i is the K of this warp's step i, item 2i + 1 its V.
     int pitem = 0, pslot = 0;
     auto issue = [&]() {
@@ -215,7 +219,7 @@ __global__ void __launch_bounds__(kThreads)
           for (int b = 0; b < kBPS; ++b) tbl[b] = tbl_next[b];
           load_table(tbl_next, st / kWarp + 1);
         }
-        const int t0 = begin + (warp + kWarps * st) * M::kU;
+        const int t0 = begin + (warp + kW * st) * M::kU;
         const int nblk = cdiv(cmin(M::kU, end - t0), kBS);  // blocks holding tokens < end
         const T* src0 = ((pitem & 1) ? vc : kc) + kvh * p.kv_head_stride;
         T* dst0 = ring + pslot * M::kSlotElems;
@@ -263,7 +267,7 @@ __global__ void __launch_bounds__(kThreads)
         reinterpret_cast<uintptr_t>(q_seq) % 16 == 0 && p.q_head_stride % 8 == 0 &&
         (!kXL || (reinterpret_cast<uintptr_t>(u_seq) % 16 == 0 && p.u_head_stride % 8 == 0));
     if (q_async) {
-      for (int c = tid; c < kMmaRows * kHead / 8; c += kThreads) {
+      for (int c = tid; c < kMmaRows * kHead / 8; c += kBlockThreads) {
         const int g = c / (kHead / 8), d = c % (kHead / 8) * 8;
         T* const dst = q_s + g * M::kQStride + d;
         if (g < ng) {
@@ -288,7 +292,7 @@ __global__ void __launch_bounds__(kThreads)
     const uint16_t* const bd_seq =
         kXL ? static_cast<const uint16_t*>(p.matrix_bd) + s * p.bd_seq_stride : nullptr;
     auto load_bd = [&](int step, uint32_t (&raw)[M::kNT][4]) {
-      const int t0 = begin + (warp + kWarps * step) * M::kU;
+      const int t0 = begin + (warp + kW * step) * M::kU;
 #pragma unroll
       for (int n = 0; n < M::kNT; ++n) {
 #pragma unroll
@@ -316,7 +320,7 @@ __global__ void __launch_bounds__(kThreads)
     if (q_async) {
       stage_wait<M::kSlots - 1>();  // the q group (the K / V groups after it may be in flight)
       if constexpr (kXL) {          // q + u, rounded once, from the chunks this thread copied
-        for (int c = tid; c < ng * kHead / 8; c += kThreads) {
+        for (int c = tid; c < ng * kHead / 8; c += kBlockThreads) {
           const int i = c / (kHead / 8) * M::kQStride + c % (kHead / 8) * 8;
 #pragma unroll
           for (int k = 0; k < 8; ++k) {
@@ -325,7 +329,7 @@ __global__ void __launch_bounds__(kThreads)
         }
       }
     } else {  // q (+ u for XL) in the input dtype
-      for (int i = tid; i < kMmaRows * kHead; i += kThreads) {
+      for (int i = tid; i < kMmaRows * kHead; i += kBlockThreads) {
         const int g = i / kHead, d = i % kHead;
         const float v = g < ng ? query_value<T>(p, s, head0 + g, d, kXL) : 0.0f;
         q_s[g * M::kQStride + d] = from_float<T>(v);
@@ -342,7 +346,7 @@ __global__ void __launch_bounds__(kThreads)
 
 #pragma unroll 1
     for (int it = 0; it < mine; ++it) {
-      const int tb = begin + (warp + kWarps * it) * M::kU;  // the step's first token
+      const int tb = begin + (warp + kW * it) * M::kU;  // the step's first token
       uint32_t bd_next[M::kNT][4];
       if constexpr (kXL) load_bd(it + 1, bd_next);
       // S = Q K^T.
@@ -469,7 +473,7 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();  // m_s and l_s are complete; every warp is done with its ring
     float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
+    for (int w = 0; w < kW; ++w) {
       mx0 = fmaxf(mx0, m_s[w][r0]);
       mx1 = fmaxf(mx1, m_s[w][r0 + 8]);
     }
@@ -478,7 +482,7 @@ __global__ void __launch_bounds__(kThreads)
     if (warp == 0 && lane % 4 == 0) {  // rows r0 and r0 + 8: their max and rescaled sum, once
       float total0 = 0.0f, total1 = 0.0f;
 #pragma unroll
-      for (int w = 0; w < kWarps; ++w) {
+      for (int w = 0; w < kW; ++w) {
         const float mw0 = m_s[w][r0], mw1 = m_s[w][r0 + 8];
         total0 += mw0 == -INFINITY ? 0.0f : l_s[w][r0] * exp2f(mw0 - mx0);
         total1 += mw1 == -INFINITY ? 0.0f : l_s[w][r0 + 8] * exp2f(mw1 - mx1);
@@ -501,11 +505,11 @@ __global__ void __launch_bounds__(kThreads)
 
     // Write: out (v1, or a sequence of one partition) or the partition's scratch.
 #pragma unroll 4
-    for (int i = tid; i < ng * kHead; i += kThreads) {
+    for (int i = tid; i < ng * kHead; i += kBlockThreads) {
       const int g = i / kHead, d = i % kHead;
       float num = 0.0f;
 #pragma unroll
-      for (int w = 0; w < kWarps; ++w) num += combine[(w * kMmaRows + g) * M::kCStride + d];
+      for (int w = 0; w < kW; ++w) num += combine[(w * kMmaRows + g) * M::kCStride + d];
       const float total = row_sum[g];
       const float v = total > 0.0f ? num / total : 0.0f;
       // The max is held in base-2 units; the reduce works in natural-log ones.

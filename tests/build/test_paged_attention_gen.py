@@ -97,6 +97,25 @@ def test_xl_option_builds_the_mma_kernels_xl_instantiation(tmp_path):
         assert f"kXlBuilt = {'true' if built else 'false'}" in dispatch, options
 
 
+def test_wide_option_builds_the_mma_kernels_wide_instantiations(tmp_path):
+    wide = "#define APHRODITE_PAGED_ATTENTION_WIDE 1"
+    for options, built in (
+        ((), True),
+        (("wide=on",), True),
+        (("wide=off",), False),
+        (("kernel=staged",), False),  # no mma kernel, so nothing to widen
+        (("backend=rocm",), False),
+    ):
+        r = run_gen(tmp_path, "head_sizes=64", "dtypes=f16", *options, describe=False)
+        assert r.returncode == 0, r.stderr
+        inst = (tmp_path / "o" / "paged_attention_f16_h64.cu").read_text()
+        assert (wide in inst) == built, options
+        if built:  # defined before the launchers are included
+            assert inst.index(wide) < inst.index('#include "attention/paged_attention_launch.cuh"')
+    r = run_gen(tmp_path, "wide=maybe", describe=False)
+    assert r.returncode != 0 and "wide='maybe'" in r.stderr + r.stdout
+
+
 def test_rocm_leaves_out_fp8_and_bad_options_fail(tmp_path):
     r = run_gen(tmp_path, "backend=rocm", "head_sizes=64", "dtypes=f16", describe=False)
     assert r.returncode == 0, r.stderr
