@@ -20,6 +20,20 @@ PARTITION_SIZE = 512
 #: split_kv splits a sequence into at most ceil(max_seq_len / MIN_PARTITION_SIZE) partitions
 #: (shorter ones lost on an H200; rounding to whole steps can still leave some under it).
 MIN_PARTITION_SIZE = 64
+#: Past LONG_SEQ_LEN tokens "auto" runs v2 in partitions of at most LONG_PARTITION_SIZE, so that
+#: a long sequence among short ones does not leave its few blocks running alone at the end.
+LONG_SEQ_LEN = 8192
+LONG_PARTITION_SIZE = 4096
+
+# The tensor-core kernel's cost model (split_kv): microseconds of a v1 and of a v2 launch
+# (the reduce included) beyond the blocks' tokens, and the tokens a microsecond one block of 4
+# warps (narrow) or of 8 (wide) gets through at head size 128, fitted to every v1 / v2 split of
+# batch 1-64 x 1024-65536 tokens, bf16, GQA 32/8, block 16, on an H100 (kernels/attention/
+# NOTES.md): its choice ran within 4% of the best split measured, and at 0.92-1.11 of SDPA.
+_MMA_V1_US, _MMA_V2_US = 7.5, 11.0
+_MMA_NARROW_RATE, _MMA_WIDE_RATE = 62.0, 95.0
+#: Warps of a wide block (paged_attention_launch.cuh's kMmaWideWarps).
+_MMA_WIDE_WARPS = 8
 
 
 def _scale_tensor(value: float | torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -52,6 +66,25 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+@functools.cache
+def _smem_optin(device_index: int) -> int:
+    """The device's per-block opt-in shared memory in bytes (0 where torch does not say)."""
+    props = torch.cuda.get_device_properties(device_index)
+    return int(getattr(props, "shared_memory_per_block_optin", 0))
+
+
+def _mma_wide_smem(head_size: int, block_size: int) -> int:
+    """The shared memory of a wide block of the tensor-core kernel's XL instantiation (the
+    plain one's is smaller): MmaShape::smem_bytes(8) and the kernel's static arrays
+    (paged_attention_mma.cuh; keep in step with it)."""
+    step = max(16, block_size)
+    slot = step * head_size * 2
+    slots = min(6, max(2, 20480 // slot))
+    dynamic = max(_MMA_WIDE_WARPS * slots * slot, _MMA_WIDE_WARPS * 16 * (head_size + 8) * 4)
+    static = 2 * 16 * (head_size + 8) * 2 + 2 * _MMA_WIDE_WARPS * 16 * 4 + 2 * 16 * 4
+    return dynamic + static
+
+
 def split_kv(
     version: str,
     max_seq_len: int,
@@ -61,21 +94,30 @@ def split_kv(
     block_size: int,
     device: torch.device,
     heads_per_block: int = 16,
+    head_size: int = 128,
 ) -> int:
     """How paged_attention and xl_paged_attention run `version` ("auto", "v1" or "v2"): 0 for
-    v1 (one pass), else v2's partition size in tokens.
+    v1 (one pass), else v2's partition size in tokens, a whole number of steps (16 tokens, or
+    the cache block where longer).
 
     On a CUDA GPU, v1 runs ceil(group / heads_per_block) thread blocks a (sequence, KV head),
     group = num_heads / num_kv_heads (heads_per_block: 16 for the tensor-core kernel, 8 for the
-    staged one). "auto" runs v2 past 8192 tokens, or past PARTITION_SIZE while those blocks leave
-    at least half the SMs idle; v2 splits the longest sequence into as many partitions as keep
-    its grid within one block an SM, at least ceil(max_seq_len / PARTITION_SIZE) and at most
-    ceil(max_seq_len / MIN_PARTITION_SIZE), each a whole number of 16-token steps (cache blocks,
-    where longer). H200, GQA 32/8, head 128, cold L2 (kernels/attention/NOTES.md): one sequence
-    of 1024 tokens 11.2 us over 16 partitions against 17.8 over 2 (23.1 with v1), 8 sequences
-    20.5 over 2 (23.3 with v1), 16 sequences 24.4 with v1 (30.0 over 2). Elsewhere (the CPU, ROCm:
-    not measured) vLLM's rule: v2 past 8192 tokens, or past 512 while num_seqs x num_heads < 512,
-    in PARTITION_SIZE-token partitions."""
+    staged one), and v2 that many a partition.
+
+    The tensor-core kernel runs 8-warp (wide) blocks where its grid leaves every other SM idle,
+    each warp gets a step and their shared memory fits the device (paged_attention_launch.cuh),
+    else 4-warp ones. Its split is the cheapest under _mma_cost of v1, the most partitions that
+    keep the grid wide, and the most that keep it within three quarters of the SMs (4-warp
+    blocks; past that they share the SMs' memory paths and gain little). Past LONG_SEQ_LEN
+    tokens it takes at least ceil(max_seq_len / LONG_PARTITION_SIZE) partitions; "v2" at least
+    ceil(max_seq_len / PARTITION_SIZE), so that it splits what it is asked to.
+
+    The staged kernel: "auto" runs v2 past LONG_SEQ_LEN tokens, or past PARTITION_SIZE while
+    the blocks leave at least half the SMs idle; v2 splits the longest sequence into as many
+    partitions as keep its grid within one block an SM, at least ceil(max_seq_len /
+    PARTITION_SIZE) and at most ceil(max_seq_len / MIN_PARTITION_SIZE). Elsewhere (the CPU,
+    ROCm: not measured) vLLM's rule: v2 past 8192 tokens, or past 512 while num_seqs x
+    num_heads < 512, in PARTITION_SIZE-token partitions."""
     if version not in ("auto", "v1", "v2"):
         raise ValueError(f"version must be 'auto', 'v1' or 'v2', got {version!r}")
     if device.type != "cuda" or torch.version.hip is not None:
@@ -83,20 +125,56 @@ def split_kv(
             v2 = max_seq_len > 8192 or (max_seq_len > PARTITION_SIZE and num_seqs * num_heads < 512)
             return PARTITION_SIZE if v2 else 0
         return PARTITION_SIZE if version == "v2" else 0
+    if version == "v1":
+        return 0
     index = device.index if device.index is not None else torch.cuda.current_device()
+    sms = _sm_count(index)
     group = max(1, num_heads // max(1, num_kv_heads))
     blocks = max(1, num_seqs * num_kv_heads * math.ceil(group / heads_per_block))
-    fill = _sm_count(index) // blocks
-    if version == "v1" or (
-        version == "auto"
-        and not (max_seq_len > 8192 or (max_seq_len > PARTITION_SIZE and fill >= 2))
-    ):
-        return 0
     tokens = max(1, max_seq_len)
-    least = math.ceil(tokens / PARTITION_SIZE)
-    parts = max(least, min(fill, math.ceil(tokens / MIN_PARTITION_SIZE)))
     step = max(16, block_size)
+    if heads_per_block == 16:
+        fits = _mma_wide_smem(head_size, block_size) <= _smem_optin(index)
+        parts = _mma_partitions(tokens, blocks, sms, step, head_size, fits)
+        if tokens > LONG_SEQ_LEN:
+            parts = max(parts, math.ceil(tokens / LONG_PARTITION_SIZE))
+        if version == "v2":
+            parts = max(parts, math.ceil(tokens / PARTITION_SIZE))
+        elif parts == 1:
+            return 0
+    else:
+        fill = sms // blocks
+        if version == "auto" and not (
+            tokens > LONG_SEQ_LEN or (tokens > PARTITION_SIZE and fill >= 2)
+        ):
+            return 0
+        least = math.ceil(tokens / PARTITION_SIZE)
+        parts = max(least, min(fill, math.ceil(tokens / MIN_PARTITION_SIZE)))
     return step * math.ceil(math.ceil(tokens / parts) / step)
+
+
+def _mma_cost(tokens: int, parts: int, wide: bool, head_size: int) -> float:
+    """The tensor-core kernel's modelled microseconds for `parts` partitions of `tokens` tokens
+    (1: v1), in wide or in 4-warp blocks."""
+    rate = (_MMA_WIDE_RATE if wide else _MMA_NARROW_RATE) * 128 / head_size
+    return (_MMA_V1_US if parts == 1 else _MMA_V2_US) + math.ceil(tokens / parts) / rate
+
+
+def _mma_partitions(
+    tokens: int, blocks: int, sms: int, step: int, head_size: int, wide_fits: bool
+) -> int:
+    """split_kv's partitions for the tensor-core kernel: `blocks` a partition on `sms` SMs;
+    wide_fits: whether a wide block's shared memory fits the device."""
+    # (partitions, wide): v1, then the most partitions of the wide grid (at most sms // 2
+    # blocks, a step for each warp), then the most of a 4-warp one within 3/4 of the SMs.
+    wide = wide_fits and blocks <= sms // 2 and tokens >= _MMA_WIDE_WARPS * step
+    options = [(1, wide)]
+    if wide:
+        options.append((max(1, min(sms // 2 // blocks, tokens // (_MMA_WIDE_WARPS * step))), True))
+    narrow = min(3 * sms // 4 // blocks, math.ceil(tokens / MIN_PARTITION_SIZE))
+    if narrow > 1:
+        options.append((narrow, False))
+    return min(options, key=lambda o: _mma_cost(tokens, o[0], o[1], head_size))[0]
 
 
 def _heads_per_block(query: torch.Tensor, kv_cache_dtype: str) -> int:
@@ -114,7 +192,7 @@ def _run(v1, v2, out, args, query, key_cache, value_cache, max_seq_len, kv_cache
     num_seqs, num_heads, head_size = query.shape
     partition = split_kv(
         version, max_seq_len, num_seqs, num_heads, key_cache.shape[1], value_cache.shape[3],
-        query.device, _heads_per_block(query, kv_cache_dtype),
+        query.device, _heads_per_block(query, kv_cache_dtype), head_size,
     )  # fmt: skip
     if partition:
         scratch = v2_scratch(num_seqs, num_heads, head_size, max_seq_len, query.device, partition)

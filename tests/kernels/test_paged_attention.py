@@ -15,6 +15,8 @@ from narrowed import skip_left_out
 
 import aphrodite_ext
 from aphrodite_ext.ops.paged_attention import (
+    LONG_PARTITION_SIZE,
+    LONG_SEQ_LEN,
     MIN_PARTITION_SIZE,
     PARTITION_SIZE,
     paged_attention_ref,
@@ -253,24 +255,26 @@ def test_very_long_sequence_v2(device):
 @pytest.mark.parametrize("version", ["v1", "v2"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_grids_over_and_under_the_sms(device, version, dtype):
-    """Plain and XL attention, v1 and v2, over a grid of at most a block an SM (which a launch
-    with PDL keeps to one block an SM: launch.cuh) of three long sequences, one of them empty,
+    """Plain and XL attention, v1 and v2, over grids of at most a block an SM (which a launch
+    with PDL keeps to one block an SM: launch.cuh; on an H100 or H200, one sequence and three
+    with v1 run wide blocks, at most half a block an SM) of long sequences, one of them empty,
     and over one of more (sequence, KV head) blocks than the GPU has SMs, of random lengths."""
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device != "cpu" else 8
     gen = torch.Generator().manual_seed(sms)
     kv = 8
-    fill = max(1, sms // (3 * kv))  # v2's partitions of the small batch (split_kv)
-    for num_seqs in (3, sms // kv + 1):
-        # Several of split_kv's steps a partition, and short enough for the small batch's v2
-        # partitions to stay within the SMs.
-        lengths = torch.randint(256 * fill + 100, 512 * fill - 100, (num_seqs,), generator=gen)
+    fill = max(1, sms // (3 * kv))  # the most partitions of three sequences within the SMs
+    for num_seqs in (1, 3, sms // kv + 1):
+        # At least 8 steps of 16 tokens a partition of the longest sequence (a step for every
+        # warp of a wide block); v2's floor of ceil(length / 512) partitions stays within fill.
+        lengths = torch.randint(1100, max(1200, 512 * fill - 100), (num_seqs,), generator=gen)
         lengths = lengths.tolist()
-        lengths[1] = 0
+        if num_seqs > 1:
+            lengths[1] = 0
         if device != "cpu" and sms >= 6 * kv:  # the grids this test is for (a GPU this size)
             longest = max(lengths)
             size = split_kv(version, longest, num_seqs, 4 * kv, kv, 16, torch.device(device))
             grid = num_seqs * kv * (math.ceil(longest / size) if size else 1)
-            assert (grid <= sms) == (num_seqs == 3), (grid, size)
+            assert (grid <= sms) == (num_seqs <= 3), (grid, size)
         b = Batch(lengths, 4 * kv, kv, 128, 16, dtype, device)
         check(b.run(version), b.ref(), dtype)
         u = torch.randn_like(b.query)
@@ -627,13 +631,17 @@ def test_rejects_bad_partition_size(device, partition, match):
 
 def test_split_kv(monkeypatch):
     """split_kv's rule, on a GPU of 132 SMs (faked: no GPU needed) and on the CPU, over random
-    problems: v1 where asked, or ("auto", up to 8192 tokens) where the blocks of v1 fill half the
-    SMs; else partitions of whole steps, at most PARTITION_SIZE tokens, and as many as keep the
-    grid within one block an SM while each holds MIN_PARTITION_SIZE tokens: one more partition
-    would break one of those."""
+    problems: v1 where asked; else partitions of whole steps. The tensor-core kernel's (16 heads
+    a block): at most as many as keep the grid within 3/4 of the SMs or MIN_PARTITION_SIZE
+    tokens each, or the wide grid (half the SMs), but at least ceil(length / LONG_PARTITION_SIZE)
+    past LONG_SEQ_LEN; "auto" is v1 where that split is one partition. The staged kernel's (8
+    heads a block): v1 ("auto", up to LONG_SEQ_LEN tokens) where the blocks of v1 fill half the
+    SMs, else at most PARTITION_SIZE tokens, as many partitions as keep the grid within one block
+    an SM while each holds MIN_PARTITION_SIZE tokens. Then the splits measured best on an H100."""
     # (aphrodite_ext.ops.paged_attention is also the name of the function ops exports)
     module = importlib.import_module("aphrodite_ext.ops.paged_attention")
     monkeypatch.setattr(module, "_sm_count", lambda index: 132)
+    monkeypatch.setattr(module, "_smem_optin", lambda index: 227 * 1024)  # an H100's
     monkeypatch.setattr(torch.version, "hip", None)
     gpu, cpu = torch.device("cuda", 0), torch.device("cpu")
     with pytest.raises(ValueError, match="version must be"):
@@ -646,6 +654,7 @@ def test_split_kv(monkeypatch):
     for _ in range(1000):
         length, seqs, kv, block = draw(1, 70000), draw(1, 300), draw(1, 17), 8 << draw(0, 3)
         heads, per_block = kv * draw(1, 41), (8, 16)[draw(0, 2)]
+        head_size = (64, 80, 128, 256)[draw(0, 4)]
         blocks = seqs * kv * math.ceil(heads // kv / per_block)
         call = functools.partial(split_kv, max_seq_len=length, num_seqs=seqs, num_heads=heads,
                                  num_kv_heads=kv, block_size=block)  # fmt: skip
@@ -654,10 +663,27 @@ def test_split_kv(monkeypatch):
         assert call("v2", device=cpu) == PARTITION_SIZE
         vllm = length > 8192 or (length > PARTITION_SIZE and seqs * heads < 512)
         assert call("auto", device=cpu) == (PARTITION_SIZE if vllm else 0)
-        size = call("v2", device=gpu, heads_per_block=per_block)
+        size = call("v2", device=gpu, heads_per_block=per_block, head_size=head_size)
+        auto = call("auto", device=gpu, heads_per_block=per_block, head_size=head_size)
         step = max(16, block)
-        assert size % step == 0 and step <= size <= PARTITION_SIZE
+        assert size % step == 0 and size >= step
         parts = math.ceil(length / size)  # the partitions the longest sequence takes
+        problem = (length, seqs, kv, heads, block, per_block, head_size, size)
+        if per_block == 16:
+            long = math.ceil(length / LONG_PARTITION_SIZE) if length > LONG_SEQ_LEN else 1
+            most = max(
+                min(99 // blocks, math.ceil(length / MIN_PARTITION_SIZE)), 66 // blocks, long, 1
+            )
+            least_v2 = max(long, math.ceil(length / PARTITION_SIZE))
+            assert least_v2 <= parts <= max(most, least_v2), problem
+            if auto == 0:  # v2's split is then its floor alone
+                assert length <= LONG_SEQ_LEN, problem
+                assert size == step * math.ceil(math.ceil(length / least_v2) / step), problem
+            else:
+                assert auto % step == 0 and size <= auto, problem
+                assert long <= math.ceil(length / auto) <= most, problem
+            continue
+        assert step <= size <= PARTITION_SIZE
         assert math.ceil(length / PARTITION_SIZE) <= parts
         assert parts <= max(
             math.ceil(length / PARTITION_SIZE), math.ceil(length / MIN_PARTITION_SIZE)
@@ -669,15 +695,27 @@ def test_split_kv(monkeypatch):
         more = step * math.ceil(math.ceil(length / (parts + 1)) / step)
         assert (
             blocks * (parts + 1) > 132 or length / (parts + 1) < MIN_PARTITION_SIZE or more == size
-        ), (length, seqs, kv, heads, block, per_block, size)
-        v1 = length <= 8192 and (length <= PARTITION_SIZE or blocks * 2 > 132)
-        auto = call("auto", device=gpu, heads_per_block=per_block)
+        ), problem
+        v1 = length <= LONG_SEQ_LEN and (length <= PARTITION_SIZE or blocks * 2 > 132)
         assert auto == (0 if v1 else size)
-    # One sequence of 1024 tokens over 8 KV heads of 4 query heads: 16 partitions of 64 tokens.
-    assert split_kv("auto", 1024, 1, 32, 8, 16, gpu) == 64
-    assert split_kv("auto", 1024, 16, 32, 8, 16, gpu) == 0
-    # 600 tokens, 8 blocks: 16 partitions would fit the SMs, MIN_PARTITION_SIZE allows 10.
-    assert split_kv("v2", 600, 1, 8, 8, 16, gpu) == 64
+    # The tensor-core kernel, GQA 32/8, head 128, block 16, as (sequences, tokens): partition
+    # size (0: v1). Each ran within 4% of the fastest split of an H100 run, but for 32 x 16384,
+    # where v1 was 3% faster (kernels/attention/NOTES.md).
+    best = {
+        (1, 1024): 128, (2, 1024): 256, (3, 1024): 256, (4, 1024): 512, (6, 1024): 0,
+        (8, 1024): 0, (12, 1024): 0, (1, 4096): 512, (3, 4096): 1024, (6, 4096): 2048,
+        (8, 4096): 0, (32, 4096): 0, (1, 65536): 4096, (32, 16384): 4096,
+    }  # fmt: skip
+    for (seqs, length), size in best.items():
+        assert split_kv("auto", length, seqs, 32, 8, 16, gpu) == size, (seqs, length)
+    # Where a wide block's shared memory does not fit (an A100's 163 KiB at head 128, block 16),
+    # 6 x 1024 takes two partitions of 4-warp blocks instead of v1 in wide ones.
+    monkeypatch.setattr(module, "_smem_optin", lambda index: 163 * 1024)
+    assert split_kv("auto", 1024, 6, 32, 8, 16, gpu) == 512
+    assert split_kv("auto", 1024, 6, 32, 8, 32, gpu) == 0  # block 32: 138 KiB, fits
+    # The staged kernel (8 heads a block), 600 tokens, 8 blocks: 16 partitions would fit the
+    # SMs, MIN_PARTITION_SIZE allows 10.
+    assert split_kv("v2", 600, 1, 8, 8, 16, gpu, heads_per_block=8) == 64
 
 
 def _xl_args(device):
