@@ -77,7 +77,14 @@ BLOCK_SIZES = ["8", "16", "32"]
 CACHES = [Cache("auto", None, "kAuto"), Cache("fp8", "uint8_t", "kFp8E4M3")]
 # The keys of the Options above (common.main rejects any other).
 OPTION_KEYS = (
-    "head_sizes", "dtypes", "block_sizes", "fp8", "xl", "wide", "min_blocks", "kernel",
+    "head_sizes",
+    "dtypes",
+    "block_sizes",
+    "fp8",
+    "xl",
+    "wide",
+    "min_blocks",
+    "kernel",
 )
 TEMPLATES = ["paged_attention_instance.cu.j2", "paged_attention_dispatch.cu.j2"]
 
