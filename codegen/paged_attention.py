@@ -14,7 +14,7 @@ Options (APHRODITE_GENERATOR_OPTIONS="paged_attention.head_sizes=128;paged_atten
   wide         on/off: the mma kernel's wide (8-warp) instantiations beside its 4-warp ones (default
                on; one more kernel per block size and XL mode in each 16-bit file: bf16 head
                128 for sm_90a 15.1 -> 21.2 s of nvcc), which the launcher runs where the grid
-               holds at most half the SMs, each warp gets a step and the shared memory fits
+               has at most a block an SM, each warp gets a step and the shared memory fits
                (paged_attention_launch.cuh's mma_wide); split_kv assumes them built
   min_blocks   1..8: resident 128-thread blocks per SM the regs kernel is compiled for
                (__launch_bounds__; default 1 = no register cap, 3 caps at 168 registers, 4 at

@@ -27,11 +27,13 @@ LONG_PARTITION_SIZE = 4096
 
 # The tensor-core kernel's cost model (split_kv): microseconds of a v1 and of a v2 launch
 # (the reduce included) beyond the blocks' tokens, and the tokens a microsecond one block of 4
-# warps (narrow) or of 8 (wide) gets through at head size 128, fitted to every v1 / v2 split of
-# batch 1-64 x 1024-65536 tokens, bf16, GQA 32/8, block 16, on an H100 (kernels/attention/
-# NOTES.md): its choice ran within 4% of the best split measured, and at 0.92-1.11 of SDPA.
-_MMA_V1_US, _MMA_V2_US = 7.5, 11.0
-_MMA_NARROW_RATE, _MMA_WIDE_RATE = 62.0, 95.0
+# warps (narrow) or of 8 (wide) gets through at head size 128. Fitted to every v1 / v2 split
+# (partitions of 64-8192 tokens, 4 and 8 warps) of 1-16 sequences of 1024-65536 tokens, bf16,
+# GQA 32/8, block 16, on an H100 and an H200 (kernels/attention/NOTES.md), for the least loss
+# on both: the split it picks ran at 0.97 (H100) and 0.99 (H200) of the best split's speed on
+# average, 0.88 and 0.92 at worst.
+_MMA_V1_US, _MMA_V2_US = 6.0, 11.0
+_MMA_NARROW_RATE, _MMA_WIDE_RATE = 62.0, 110.0
 #: Warps of a wide block (paged_attention_launch.cuh's kMmaWideWarps).
 _MMA_WIDE_WARPS = 8
 
@@ -104,13 +106,14 @@ def split_kv(
     group = num_heads / num_kv_heads (heads_per_block: 16 for the tensor-core kernel, 8 for the
     staged one), and v2 that many a partition.
 
-    The tensor-core kernel runs 8-warp (wide) blocks where its grid leaves every other SM idle,
-    each warp gets a step and their shared memory fits the device (paged_attention_launch.cuh),
-    else 4-warp ones. Its split is the cheapest under _mma_cost of v1, the most partitions that
-    keep the grid wide, and the most that keep it within three quarters of the SMs (4-warp
-    blocks; past that they share the SMs' memory paths and gain little). Past LONG_SEQ_LEN
-    tokens it takes at least ceil(max_seq_len / LONG_PARTITION_SIZE) partitions; "v2" at least
-    ceil(max_seq_len / PARTITION_SIZE), so that it splits what it is asked to.
+    The tensor-core kernel runs 8-warp (wide) blocks where its grid fits one block an SM, each
+    warp gets a step and their shared memory fits the device (paged_attention_launch.cuh), else
+    4-warp ones. Its split is the cheapest under _mma_partitions' cost model of v1, the most partitions that keep
+    the grid within one block an SM (at least a step a warp), and the most within three
+    quarters of the SMs (at least MIN_PARTITION_SIZE tokens each), partitions of a power of two
+    tokens. Past LONG_SEQ_LEN tokens it takes at least ceil(max_seq_len / LONG_PARTITION_SIZE)
+    partitions; "v2" at least ceil(max_seq_len / PARTITION_SIZE), so that it splits what it is
+    asked to.
 
     The staged kernel: "auto" runs v2 past LONG_SEQ_LEN tokens, or past PARTITION_SIZE while
     the blocks leave at least half the SMs idle; v2 splits the longest sequence into as many
@@ -136,45 +139,51 @@ def split_kv(
     if heads_per_block == 16:
         fits = _mma_wide_smem(head_size, block_size) <= _smem_optin(index)
         parts = _mma_partitions(tokens, blocks, sms, step, head_size, fits)
-        if tokens > LONG_SEQ_LEN:
-            parts = max(parts, math.ceil(tokens / LONG_PARTITION_SIZE))
+        least = math.ceil(tokens / LONG_PARTITION_SIZE) if tokens > LONG_SEQ_LEN else 1
         if version == "v2":
-            parts = max(parts, math.ceil(tokens / PARTITION_SIZE))
-        elif parts == 1:
-            return 0
-    else:
-        fill = sms // blocks
-        if version == "auto" and not (
-            tokens > LONG_SEQ_LEN or (tokens > PARTITION_SIZE and fill >= 2)
-        ):
-            return 0
-        least = math.ceil(tokens / PARTITION_SIZE)
-        parts = max(least, min(fill, math.ceil(tokens / MIN_PARTITION_SIZE)))
+            least = max(least, math.ceil(tokens / PARTITION_SIZE))
+        size = _power_of_two_partition(tokens, max(parts, least))
+        return 0 if version == "auto" and size >= tokens else size
+    fill = sms // blocks
+    if version == "auto" and not (tokens > LONG_SEQ_LEN or (tokens > PARTITION_SIZE and fill >= 2)):
+        return 0
+    least = math.ceil(tokens / PARTITION_SIZE)
+    parts = max(least, min(fill, math.ceil(tokens / MIN_PARTITION_SIZE)))
     return step * math.ceil(math.ceil(tokens / parts) / step)
 
 
-def _mma_cost(tokens: int, parts: int, wide: bool, head_size: int) -> float:
-    """The tensor-core kernel's modelled microseconds for `parts` partitions of `tokens` tokens
-    (1: v1), in wide or in 4-warp blocks."""
-    rate = (_MMA_WIDE_RATE if wide else _MMA_NARROW_RATE) * 128 / head_size
-    return (_MMA_V1_US if parts == 1 else _MMA_V2_US) + math.ceil(tokens / parts) / rate
+def _power_of_two_partition(tokens: int, parts: int) -> int:
+    """The least power of two, at least MIN_PARTITION_SIZE (a whole number of steps), that
+    splits `tokens` into at most `parts` partitions."""
+    size = MIN_PARTITION_SIZE
+    while size * parts < tokens:
+        size *= 2
+    return size
 
 
 def _mma_partitions(
     tokens: int, blocks: int, sms: int, step: int, head_size: int, wide_fits: bool
 ) -> int:
-    """split_kv's partitions for the tensor-core kernel: `blocks` a partition on `sms` SMs;
-    wide_fits: whether a wide block's shared memory fits the device."""
-    # (partitions, wide): v1, then the most partitions of the wide grid (at most sms // 2
-    # blocks, a step for each warp), then the most of a 4-warp one within 3/4 of the SMs.
-    wide = wide_fits and blocks <= sms // 2 and tokens >= _MMA_WIDE_WARPS * step
-    options = [(1, wide)]
-    if wide:
-        options.append((max(1, min(sms // 2 // blocks, tokens // (_MMA_WIDE_WARPS * step))), True))
-    narrow = min(3 * sms // 4 // blocks, math.ceil(tokens / MIN_PARTITION_SIZE))
-    if narrow > 1:
-        options.append((narrow, False))
-    return min(options, key=lambda o: _mma_cost(tokens, o[0], o[1], head_size))[0]
+    """split_kv's partitions for the tensor-core kernel, `blocks` a partition on `sms` SMs
+    (wide_fits: whether a wide block's shared memory fits the device): the cheapest of v1, the
+    most partitions within one block an SM with a step for each warp of a wide block, and the
+    most within 3/4 of the SMs, each in partitions of a power of two tokens, wide where
+    paged_attention_launch.cuh's mma_wide runs them so."""
+
+    def cost(parts: int) -> float:
+        size = _power_of_two_partition(tokens, parts)
+        parts = math.ceil(tokens / size) if size < tokens else 1
+        # (the launcher's test: the partition's tokens, or the sequence's where it has one)
+        wide = wide_fits and blocks * parts <= sms and min(size, tokens) >= _MMA_WIDE_WARPS * step
+        rate = (_MMA_WIDE_RATE if wide else _MMA_NARROW_RATE) * 128 / head_size
+        return (_MMA_V1_US if parts == 1 else _MMA_V2_US) + math.ceil(tokens / parts) / rate
+
+    options = [
+        1,
+        max(1, min(sms // blocks, tokens // (_MMA_WIDE_WARPS * step))),
+        max(1, min(3 * sms // 4 // blocks, math.ceil(tokens / MIN_PARTITION_SIZE))),
+    ]
+    return min(options, key=cost)
 
 
 def _heads_per_block(query: torch.Tensor, kv_cache_dtype: str) -> int:

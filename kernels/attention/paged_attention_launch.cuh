@@ -76,18 +76,17 @@ inline constexpr int kMaxSmemOptin = 227 * 1024;
 
 /// Whether the tensor-core kernel runs wide blocks (where their shared memory fits the device:
 /// not on sm_86, sm_89, sm_120; on sm_80 not at head 128 below block size 32, among others):
-/// where `grid` leaves every other SM idle and its partitions of `tokens` tokens give each warp a
-/// step of `step` tokens. A block of 4 warps
-/// alone on its SM leaves one warp to each scheduler, which then waits on every mma, shuffle
-/// and exp2 of its step; 8 warps hide that. H100, bf16, GQA 32/8, head 128, cold L2: v1 over 8
-/// sequences of 1024 / 4096 tokens (64 blocks) 23.7 / 73.4 us in 4-warp blocks, 18.3 / 50.7 in
-/// wide ones. Past half the SMs wide blocks stop gaining (12 sequences, 96 blocks: 23.9 / 73.9
-/// against 25.3 / 80.8; both SMs of a TPC then hold a block, the likely cause; kernels/
-/// attention/NOTES.md).
-/// split_kv (aphrodite_ext/ops/paged_attention.py) picks its partitions by the same rule.
+/// where `grid` has at most a block an SM and its partitions of `tokens` tokens give each warp a
+/// step of `step` tokens. A block of 4 warps alone on its SM leaves one warp to each scheduler,
+/// which then waits on every mma, shuffle and exp2 of its step; 8 warps hide that. bf16, GQA
+/// 32/8, head 128, cold L2, v1 over 8 sequences of 1024 / 4096 tokens (64 blocks): an H100 23.7
+/// / 73.4 us in 4-warp blocks, 18.3 / 50.7 in wide ones; an H200 23.4 / 73.8 and 17.9 / 49.8.
+/// Over 12 sequences (96 blocks) the H200 gained more (23.4 / 73.7 against 19.2 / 56.7), the
+/// H100 lost (23.9 / 73.9 against 25.3 / 80.8; not profiled; kernels/attention/NOTES.md).
+/// split_kv (aphrodite_ext/ops/paged_attention.py) models this rule.
 inline bool mma_wide(dim3 grid, int64_t tokens, int step) {
   const int sms = sm_count();
-  return sms > 0 && int64_t{grid.x} * grid.y * grid.z <= sms / 2 &&
+  return sms > 0 && int64_t{grid.x} * grid.y * grid.z <= sms &&
          tokens >= int64_t{kMmaWideWarps} * step;
 }
 #endif
