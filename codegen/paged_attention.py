@@ -12,10 +12,12 @@ Options (APHRODITE_GENERATOR_OPTIONS="paged_attention.head_sizes=128;paged_atten
                on a run-time path, the mma kernel as an instantiation of its own: one more
                kernel per block size in each file, bf16 head 128 for sm_90a 16.6 -> 19.9 s)
   wide         on/off: the mma kernel's wide (8-warp) instantiations beside its 4-warp ones (default
-               on; one more kernel per block size and XL mode in each 16-bit file: bf16 head
-               128 for sm_90a 15.1 -> 21.2 s of nvcc), which the launcher runs where the grid
-               has at most a block an SM, each warp gets a step and the shared memory fits
-               (paged_attention_launch.cuh's mma_wide); split_kv assumes them built
+               on; one more kernel per block size and XL mode in each 16-bit file but head 256's
+               at block size 32: bf16 head 128 without the fp8 cache, sm_90a, 15.1 -> 21.2 s of
+               nvcc), which the launcher runs where the grid has at most a block an SM, each
+               warp gets a step and the shared memory fits (paged_attention_launch.cuh's
+               mma_wide). split_kv assumes them built: with wide=off some of its splits are slow
+               (6 x 1024 on an H200: v1 in 4-warp blocks 23.1 us, 512-token partitions 18.6)
   min_blocks   1..8: resident 128-thread blocks per SM the regs kernel is compiled for
                (__launch_bounds__; default 1 = no register cap, 3 caps at 168 registers, 4 at
                128); a tuning knob, so that builds can be measured against each other
@@ -35,7 +37,7 @@ Cost: the full grid is 21 files; with kernel=regs each held 18 kernels (3 block 
 caches x 3 group tilings), and a clean -j2 build for 9.0a on the 2-core machine took 873 s of
 CPU for the whole project, most of it here. With kernel=mma (the default) a 16-bit file holds
 30: per block size the staged kernel's 6, the mma kernel and its XL instantiation, each in 4-warp
-and wide blocks (24 with wide=off). The staged
+and wide blocks (24 with wide=off; 28 at head 256). The staged
 kernel compiles about 4x faster than regs (bf16, head size 256: 12 s of nvcc CPU time against
 52 s, 9.0a, on that machine). CI can narrow the grid:
 "paged_attention.dtypes=bf16,f16;paged_attention.head_sizes=64,128,256" builds 6 of the 21

@@ -70,9 +70,14 @@ def _sm_count(device_index: int) -> int:
 
 @functools.cache
 def _smem_optin(device_index: int) -> int:
-    """The device's per-block opt-in shared memory in bytes (0 where torch does not say)."""
+    """The device's per-block opt-in shared memory in bytes; where torch does not say (before
+    2.6), the CUDA documentation's figure for its compute capability."""
     props = torch.cuda.get_device_properties(device_index)
-    return int(getattr(props, "shared_memory_per_block_optin", 0))
+    optin = getattr(props, "shared_memory_per_block_optin", None)
+    if optin is not None:
+        return int(optin)
+    kib = {(8, 0): 163, (8, 7): 163, (9, 0): 227, (10, 0): 227}.get((props.major, props.minor), 99)
+    return kib * 1024
 
 
 def _mma_wide_smem(head_size: int, block_size: int) -> int:

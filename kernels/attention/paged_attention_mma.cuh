@@ -6,7 +6,7 @@
 // bandwidth. mma.sync m16n8k16 does the same work in well under one instruction per element.
 //
 // Design:
-// - One thread block of kW warps (4; 8, "wide", where the grid leaves every other SM idle: the
+// - One thread block of kW warps (4; 8, "wide", where the grid has at most a block an SM: the
 //   launcher's choice) per (sequence, kv head, group split of up to 16 query heads, v2
 //   partition). The query heads are the mma's 16 rows (rows past the group are zeros: idle
 //   tensor-core rows cost nothing the memory system notices).
