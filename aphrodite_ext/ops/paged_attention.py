@@ -113,12 +113,12 @@ def split_kv(
 
     The tensor-core kernel runs 8-warp (wide) blocks where its grid fits one block an SM, each
     warp gets a step and their shared memory fits the device (paged_attention_launch.cuh), else
-    4-warp ones. Its split is the cheapest under _mma_partitions' cost model of v1, the most partitions that keep
-    the grid within one block an SM (at least a step a warp), and the most within three
-    quarters of the SMs (at least MIN_PARTITION_SIZE tokens each), partitions of a power of two
-    tokens. Past LONG_SEQ_LEN tokens it takes at least ceil(max_seq_len / LONG_PARTITION_SIZE)
-    partitions; "v2" at least ceil(max_seq_len / PARTITION_SIZE), so that it splits what it is
-    asked to.
+    4-warp ones. Its split is the cheapest under _mma_partitions' cost model of v1, the most
+    partitions that keep the grid within one block an SM (at least a step a warp), and the most
+    within three quarters of the SMs (at least MIN_PARTITION_SIZE tokens each), partitions of a
+    power of two tokens. Past LONG_SEQ_LEN tokens it takes at least ceil(max_seq_len /
+    LONG_PARTITION_SIZE) partitions; "v2" at least ceil(max_seq_len / PARTITION_SIZE), so that
+    it splits what it is asked to.
 
     The staged kernel: "auto" runs v2 past LONG_SEQ_LEN tokens, or past PARTITION_SIZE while
     the blocks leave at least half the SMs idle; v2 splits the longest sequence into as many
