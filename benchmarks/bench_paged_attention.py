@@ -10,7 +10,7 @@ group folded into the sequence dimension ([batch, kv_heads, group, head], no mas
 math, as an MHA problem with `group` query tokens). Neither copies the KV
 (repeat_interleave would read it group times).
 
-At small batches (1 to 16 sequences of 1024 and 4096 tokens), the `paged_attention` wrapper with
+At small batches (1, 2, 4, 8, 12 and 16 sequences of 1024 and 4096 tokens), the `paged_attention` wrapper with
 version="auto" (split_kv's choice of v1 or v2 and its partition size) against the same SDPA, and
 v2 in 512-token partitions (vLLM's, the ops' default) beside it.
 
@@ -243,7 +243,7 @@ def main():
         torch.cuda.empty_cache()
 
     for ctx in (1024, 4096):
-        for batch in (1, 4, 8, 16):
+        for batch in (1, 2, 4, 8, 12, 16):
             pb = Problem(batch, ctx, gen)
             ref = pb.sdpa_grouped()
             size = split_kv("auto", ctx, batch, HEADS, KV_HEADS, BLOCK, pb.q.device)
