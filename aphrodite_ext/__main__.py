@@ -17,10 +17,13 @@ def _table(rows: list[tuple[str, ...]], header: tuple[str, ...]) -> str:
 
 
 def plan_table(plan: dict) -> str:
-    """Families by module: built for which archs, or skipped and why; then sources."""
+    """Families by module: built for which archs (and the generator options that narrowed
+    it), or skipped and why; then sources."""
     rows = []
     for name, fam in plan["families"].items():
         status = "built: " + " ".join(fam["archs"]) if fam["built"] else "skipped: " + fam["reason"]
+        if fam["built"] and fam.get("generator_options"):
+            status += " (" + "; ".join(fam["generator_options"]) + ")"
         rows.append((fam["module"], name, str(len(fam["sources"])), status))
     out = [
         f"backend {plan['backend']}, archs {' '.join(plan['archs'])}, "

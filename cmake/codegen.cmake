@@ -41,22 +41,28 @@ endforeach()
 
 # The generator's command line: --out-dir, --archs and an --option for each of `options` and of
 # the APHRODITE_GENERATOR_OPTIONS entries for `name`; `found_var` is TRUE where an entry names it.
+# Those entries (key=value, the family's name taken off) go on the family's GENERATOR_OPTIONS
+# property, which the build plan records.
 function(_aphrodite_generator_args out_var found_var name out_dir archs)
   list(JOIN archs " " _archs)
   set(_args --out-dir "${out_dir}" --archs "${_archs}")
   set(_options ${ARGN})
-  set(_found FALSE)
+  set(_chosen "")
   foreach(_entry IN LISTS APHRODITE_GENERATOR_OPTIONS)
     if(_entry MATCHES "^${name}\\.(.+)$")
-      list(APPEND _options "${CMAKE_MATCH_1}")
-      set(_found TRUE)
+      list(APPEND _chosen "${CMAKE_MATCH_1}")
     endif()
   endforeach()
-  foreach(_opt IN LISTS _options)
+  foreach(_opt IN LISTS _options _chosen)
     list(APPEND _args --option "${_opt}")
   endforeach()
+  set_property(GLOBAL PROPERTY APHRODITE_FAMILY_${name}_GENERATOR_OPTIONS ${_chosen})
   set(${out_var} "${_args}" PARENT_SCOPE)
-  set(${found_var} ${_found} PARENT_SCOPE)
+  if(_chosen)
+    set(${found_var} TRUE PARENT_SCOPE)
+  else()
+    set(${found_var} FALSE PARENT_SCOPE)
+  endif()
 endfunction()
 
 function(aphrodite_check_generator_options)

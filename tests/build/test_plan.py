@@ -219,3 +219,8 @@ def test_marlin_family_archs_and_grid(tmp_path, requested, built, options, files
         assert "8.0" in fam["reason"] and "7.5" in fam["reason"]
     generated = [s for s in fam["sources"] if "generated" in s["path"]]
     assert len(generated) == files
+    # The plan records the options that narrowed the family (the entries for it, without its
+    # name), and none for a family no entry names.
+    assert fam["generator_options"] == [o.split(".", 1)[1] for o in options.split(";") if o]
+    rotary = json.loads((build / "plan.json").read_text())["families"]["rotary"]
+    assert rotary["generator_options"] == []

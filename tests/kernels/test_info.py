@@ -146,6 +146,7 @@ def test_plan_reads_a_plan_file(tmp_path, capsys):
                 "built": True,
                 "archs": ["8.0", "9.0a"],
                 "sources": ["a", "b"],
+                "generator_options": ["dtypes=bf16", "groups=grouped"],
             },
             "rocm_only": {
                 "module": "_rocm_C",
@@ -161,7 +162,7 @@ def test_plan_reads_a_plan_file(tmp_path, capsys):
     assert cli.main(["plan", str(path)]) == 0
     out = capsys.readouterr().out
     assert "backend cuda, archs 8.0 9.0a, torch 9.9.9+cu999, Release" in out
-    assert "marlin" in out and "built: 8.0 9.0a" in out
+    assert "marlin" in out and "built: 8.0 9.0a (dtypes=bf16; groups=grouped)" in out
     assert "skipped: needs ROCm" in out
 
 
