@@ -166,6 +166,14 @@ def _power_of_two_partition(tokens: int, parts: int) -> int:
     return size
 
 
+def _mma_wide(grid: int, tokens: int, step: int, sms: int, wide_fits: bool) -> bool:
+    """Whether the tensor-core kernel runs wide blocks for a grid of `grid` blocks whose
+    partitions hold `tokens` tokens (the partition size, or the longest sequence where it is
+    shorter): paged_attention_launch.cuh's mma_wide, with wide_fits for its shared-memory test
+    (tests/kernels/test_paged_attention.py holds the two to each other on the GPU)."""
+    return wide_fits and grid <= sms and tokens >= _MMA_WIDE_WARPS * step
+
+
 def _mma_partitions(
     tokens: int, blocks: int, sms: int, step: int, head_size: int, wide_fits: bool
 ) -> int:
@@ -173,13 +181,12 @@ def _mma_partitions(
     (wide_fits: whether a wide block's shared memory fits the device): the cheapest of v1, the
     most partitions within one block an SM with a step for each warp of a wide block, and the
     most within 3/4 of the SMs, each in partitions of a power of two tokens, wide where
-    paged_attention_launch.cuh's mma_wide runs them so."""
+    _mma_wide says so."""
 
     def cost(parts: int) -> float:
         size = _power_of_two_partition(tokens, parts)
         parts = math.ceil(tokens / size) if size < tokens else 1
-        # (the launcher's test: the partition's tokens, or the sequence's where it has one)
-        wide = wide_fits and blocks * parts <= sms and min(size, tokens) >= _MMA_WIDE_WARPS * step
+        wide = _mma_wide(blocks * parts, min(size, tokens), step, sms, wide_fits)
         rate = (_MMA_WIDE_RATE if wide else _MMA_NARROW_RATE) * 128 / head_size
         return (_MMA_V1_US if parts == 1 else _MMA_V2_US) + math.ceil(tokens / parts) / rate
 

@@ -7,6 +7,7 @@ outside the cache: a kernel that reads a slot or a block it should not will fail
 import functools
 import importlib
 import math
+import re
 
 import pytest
 import torch
@@ -25,6 +26,9 @@ from aphrodite_ext.ops.paged_attention import (
 )
 from aphrodite_ext.ops.paged_attention import paged_attention as _paged_attention
 from aphrodite_ext.ops.paged_attention import xl_paged_attention as _xl_paged_attention
+
+# The module itself (aphrodite_ext.ops.paged_attention, as an attribute, is the function).
+_ops_module = importlib.import_module("aphrodite_ext.ops.paged_attention")
 
 TOL = {torch.float32: (1e-4, 1e-4), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}
 HEAD_SIZES = [64, 80, 96, 112, 128, 192, 256]
@@ -279,6 +283,64 @@ def test_grids_over_and_under_the_sms(device, version, dtype):
         u = torch.randn_like(b.query)
         bd = torch.randn(num_seqs, 4 * kv, b.max_seq_len, device=device).to(dtype)
         check(b.run_xl(u, bd, version), b.ref(pos_bias_u=u, matrix_bd=bd), dtype)
+
+
+def _mma_warps(fn, *args, **kwargs) -> list[int]:
+    """The warps of each tensor-core kernel fn(*args, **kwargs) launches (its last template
+    argument, in the names torch.profiler reads from CUPTI)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn(*args, **kwargs)
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if "paged_attention_mma_kernel<" in e.name]
+    return [int(re.search(r"paged_attention_mma_kernel<[^()]*?(\d+)\s*>", n)[1]) for n in names]
+
+
+@pytest.mark.parametrize("xl", [False, True])
+@pytest.mark.parametrize("head_size, block_size", [(64, 16), (128, 16), (128, 32), (192, 32),
+                                                   (256, 16), (256, 32)])  # fmt: skip
+def test_wide_blocks_where_split_kv_counts_on_them(device, head_size, block_size, xl):
+    """split_kv's cost model counts on wide (8-warp) blocks exactly where the launcher runs them
+    (_mma_wide against paged_attention_launch.cuh's mma_wide and its shared-memory test): v1 and
+    v2 grids within the SMs and past them, partitions with and without a step for each warp, and
+    head / block sizes whose wide blocks fit some GPUs' shared memory and not others' (256 at
+    block 32 fits none). The profiler names the kernel each call launched; outputs are checked."""
+    if device == "cpu":
+        pytest.skip("the tensor-core kernel is CUDA's")
+    options = aphrodite_ext.build_info()["families"]["paged_attention"].get("generator_options")
+    if options is None or "wide=off" in options or "kernel=staged" in options:
+        pytest.skip(f"this build's paged attention has no wide blocks to check ({options})")
+    index = torch.device(device).index or torch.cuda.current_device()
+    sms = _ops_module._sm_count(index)
+    fits = _ops_module._mma_wide_smem(head_size, block_size) <= _ops_module._smem_optin(index)
+    step = max(16, block_size)
+    kv, dtype = 8, torch.bfloat16
+    one = torch.ones(1, device=device)
+    # (sequences, length, v2 partition size or 0 for v1)
+    cases = [(1, 2048, 0), (2, 1000, 256), (3, 4096, 1024), (1, 8 * step - 1, 0),
+             (1, 300, 4 * step), (sms // kv + 1, 300, 0), (sms // kv // 2 + 1, 600, 256)]  # fmt: skip
+    for num_seqs, length, partition in cases:
+        b = Batch([length] * num_seqs, 4 * kv, kv, head_size, block_size, dtype, device)
+        out = torch.full_like(b.query, float("nan"))
+        u = torch.randn_like(b.query) if xl else None
+        bd = torch.randn(num_seqs, 4 * kv, length, device=device).to(dtype) if xl else None
+        args = [b.query, *([u, bd] if xl else []), b.key_cache, b.value_cache, kv, b.scale,
+                b.block_tables, b.seq_lens, block_size, length, *([] if xl else [None]), "auto",
+                one, one]  # fmt: skip
+        name = "xl_paged_attention" if xl else "paged_attention"
+        if partition:
+            v2 = getattr(torch.ops._C, name + "_v2")
+            scratch = v2_scratch(num_seqs, 4 * kv, head_size, length, device, partition)
+            with skip_left_out():
+                warps = _mma_warps(v2, out, *scratch, *args, partition_size=partition)
+        else:
+            v1 = getattr(torch.ops._C, name + "_v1")
+            with skip_left_out():
+                warps = _mma_warps(v1, out, *args)
+        grid = num_seqs * kv * (math.ceil(length / partition) if partition else 1)
+        tokens = min(partition, length) if partition else length
+        wide = _ops_module._mma_wide(grid, tokens, step, sms, fits)
+        assert warps == [8 if wide else 4], (num_seqs, length, partition, grid, fits, warps)
+        check(out, b.ref(pos_bias_u=u, matrix_bd=bd), dtype)
 
 
 @pytest.mark.parametrize("version", ["v1", "v2"])
