@@ -4,8 +4,10 @@
 #   APHRODITE_COMMIT=<hash> [STAGES="build test sanitize bench"] bash tools/gpu_run.sh [ARCH]
 # ARCH defaults to the visible GPU's. STAGES picks steps (a later call on a warm machine can skip
 # "build"); TESTS narrows pytest (default tests/kernels); BENCH picks benchmark scripts
-# (default: every benchmarks/bench_*.py that needs a GPU). The "profile" stage (not in the
-# default) runs tools/profile_kernels.py $PROFILE_ARGS under Nsight Compute into profile.csv.
+# (default: every benchmarks/bench_*.py that needs a GPU); TEST_TIMEOUT and BENCH_TIMEOUT (s)
+# bound the tests and each benchmark, so that one call's later stages still run. The "profile"
+# stage (not in the default) runs tools/profile_kernels.py $PROFILE_ARGS under Nsight Compute
+# into profile.csv.
 # (.git does not travel to the GPU machine: pass the commit so results name it.) Everything but
 # the tables (.md) ends up in $OUT/logs.tgz.
 set -uo pipefail
@@ -42,7 +44,8 @@ if has build; then
 fi
 
 if has test; then
-  python3 -m pytest -q $TESTS -p no:cacheprovider --maxfail=40 > "$OUT/tests.log" 2>&1
+  timeout "${TEST_TIMEOUT:-3000}" python3 -m pytest -q $TESTS -p no:cacheprovider --maxfail=40 \
+    > "$OUT/tests.log" 2>&1 || [ $? != 124 ] || echo "tests stopped at TEST_TIMEOUT" >> "$OUT/tests.log"
   grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -30
   summary+=("tests: $(tail -1 "$OUT/tests.log")")
 fi
@@ -65,8 +68,8 @@ fi
 if has bench; then
   for b in $BENCH; do
     [ -f "benchmarks/bench_$b.py" ] || continue
-    python3 "benchmarks/bench_$b.py" --out "$OUT" > "$OUT/bench_$b.log" 2>&1 \
-      || { echo "bench_$b failed:"; tail -15 "$OUT/bench_$b.log"; }
+    timeout "${BENCH_TIMEOUT:-3000}" python3 "benchmarks/bench_$b.py" --out "$OUT" \
+      > "$OUT/bench_$b.log" 2>&1 || { echo "bench_$b failed:"; tail -15 "$OUT/bench_$b.log"; }
   done
 fi
 
