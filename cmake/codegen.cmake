@@ -9,7 +9,9 @@
 #       changes and skips all work when the content hash of everything that shapes the output
 #       (the generator, the codegen modules it imports, its templates, the archs, the options)
 #       matches its stamp: an unchanged rebuild regenerates and recompiles nothing. Separate
-#       build directories hold separate outputs.
+#       build directories hold separate outputs. The APHRODITE_GENERATOR_OPTIONS entries for
+#       <name> go on the global property APHRODITE_FAMILY_<name>_GENERATOR_OPTIONS, which
+#       aphrodite_finalize records in the build plan.
 #
 #   aphrodite_check_generator_options(NAME <name> GENERATOR <codegen/x.py> WHY <text>
 #                                     [ARCHS <arch>...] [OPTIONS <key=value>...])
@@ -40,29 +42,22 @@ foreach(_entry IN LISTS APHRODITE_GENERATOR_OPTIONS)
 endforeach()
 
 # The generator's command line: --out-dir, --archs and an --option for each of `options` and of
-# the APHRODITE_GENERATOR_OPTIONS entries for `name`; `found_var` is TRUE where an entry names it.
-# Those entries (key=value, the family's name taken off) go on the family's GENERATOR_OPTIONS
-# property, which the build plan records.
-function(_aphrodite_generator_args out_var found_var name out_dir archs)
+# the APHRODITE_GENERATOR_OPTIONS entries for `name`; `chosen_var`: those entries (key=value,
+# the family's name taken off), empty where none names it.
+function(_aphrodite_generator_args out_var chosen_var name out_dir archs)
   list(JOIN archs " " _archs)
   set(_args --out-dir "${out_dir}" --archs "${_archs}")
-  set(_options ${ARGN})
   set(_chosen "")
   foreach(_entry IN LISTS APHRODITE_GENERATOR_OPTIONS)
     if(_entry MATCHES "^${name}\\.(.+)$")
       list(APPEND _chosen "${CMAKE_MATCH_1}")
     endif()
   endforeach()
-  foreach(_opt IN LISTS _options _chosen)
+  foreach(_opt IN LISTS ARGN _chosen)
     list(APPEND _args --option "${_opt}")
   endforeach()
-  set_property(GLOBAL PROPERTY APHRODITE_FAMILY_${name}_GENERATOR_OPTIONS ${_chosen})
   set(${out_var} "${_args}" PARENT_SCOPE)
-  if(_chosen)
-    set(${found_var} TRUE PARENT_SCOPE)
-  else()
-    set(${found_var} FALSE PARENT_SCOPE)
-  endif()
+  set(${chosen_var} "${_chosen}" PARENT_SCOPE)
 endfunction()
 
 function(aphrodite_check_generator_options)
@@ -77,9 +72,9 @@ function(aphrodite_check_generator_options)
       list(APPEND _archs "${_arch}a")
     endif()
   endforeach()
-  _aphrodite_generator_args(_args _found ${arg_NAME} "${CMAKE_BINARY_DIR}/generated/${arg_NAME}"
+  _aphrodite_generator_args(_args _chosen ${arg_NAME} "${CMAKE_BINARY_DIR}/generated/${arg_NAME}"
     "${_archs}" backend=cuda ${arg_OPTIONS})
-  if(NOT _found)
+  if("${_chosen}" STREQUAL "")
     return()
   endif()
   execute_process(COMMAND "${Python3_EXECUTABLE}" "${_generator}" ${_args} --describe
@@ -96,7 +91,9 @@ function(aphrodite_generate out_var)
   cmake_path(ABSOLUTE_PATH arg_GENERATOR BASE_DIRECTORY "${PROJECT_SOURCE_DIR}"
     OUTPUT_VARIABLE _generator)
   set(_out_dir "${CMAKE_BINARY_DIR}/generated/${arg_NAME}")
-  _aphrodite_generator_args(_args _found ${arg_NAME} "${_out_dir}" "${arg_ARCHS}" ${arg_OPTIONS})
+  _aphrodite_generator_args(_args _chosen ${arg_NAME} "${_out_dir}" "${arg_ARCHS}" ${arg_OPTIONS})
+  # What narrowed this family's grid, for the build plan (aphrodite_finalize records it).
+  set_property(GLOBAL PROPERTY APHRODITE_FAMILY_${arg_NAME}_GENERATOR_OPTIONS ${_chosen})
 
   # The output list and the inputs are facts of the generator's grid; ask it (cheap).
   execute_process(COMMAND "${Python3_EXECUTABLE}" "${_generator}" ${_args} --describe

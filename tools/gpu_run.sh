@@ -44,8 +44,10 @@ if has build; then
 fi
 
 if has test; then
-  timeout "${TEST_TIMEOUT:-3000}" python3 -m pytest -q $TESTS -p no:cacheprovider --maxfail=40 \
-    > "$OUT/tests.log" 2>&1 || [ $? != 124 ] || echo "tests stopped at TEST_TIMEOUT" >> "$OUT/tests.log"
+  timeout -k 30 "${TEST_TIMEOUT:-3000}" python3 -m pytest -q $TESTS -p no:cacheprovider \
+    --maxfail=40 > "$OUT/tests.log" 2>&1 ||
+    [ $? != 124 ] ||
+    echo "tests stopped at TEST_TIMEOUT (${TEST_TIMEOUT:-3000}s)" >> "$OUT/tests.log"
   grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -30
   summary+=("tests: $(tail -1 "$OUT/tests.log")")
 fi
@@ -68,8 +70,13 @@ fi
 if has bench; then
   for b in $BENCH; do
     [ -f "benchmarks/bench_$b.py" ] || continue
-    timeout "${BENCH_TIMEOUT:-3000}" python3 "benchmarks/bench_$b.py" --out "$OUT" \
-      > "$OUT/bench_$b.log" 2>&1 || { echo "bench_$b failed:"; tail -15 "$OUT/bench_$b.log"; }
+    timeout -k 30 "${BENCH_TIMEOUT:-3000}" python3 "benchmarks/bench_$b.py" --out "$OUT" \
+      > "$OUT/bench_$b.log" 2>&1 || {
+      rc=$?
+      [ $rc = 124 ] && echo "bench_$b stopped at BENCH_TIMEOUT (${BENCH_TIMEOUT:-3000}s)" ||
+        echo "bench_$b failed (rc $rc):"
+      tail -15 "$OUT/bench_$b.log"
+    }
   done
 fi
 

@@ -36,6 +36,9 @@ _MMA_V1_US, _MMA_V2_US = 6.0, 11.0
 _MMA_NARROW_RATE, _MMA_WIDE_RATE = 62.0, 110.0
 #: Warps of a wide block (paged_attention_launch.cuh's kMmaWideWarps).
 _MMA_WIDE_WARPS = 8
+#: The largest per-block opt-in shared memory of any GPU (sm_90, sm_100): wide kernels whose
+#: dynamic shared memory passes it are not built (paged_attention_launch.cuh's kMaxSmemOptin).
+_MAX_SMEM_OPTIN = 227 * 1024
 
 
 def _scale_tensor(value: float | torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -80,16 +83,27 @@ def _smem_optin(device_index: int) -> int:
     return kib * 1024
 
 
-def _mma_wide_smem(head_size: int, block_size: int) -> int:
-    """The shared memory of a wide block of the tensor-core kernel's XL instantiation (the
-    plain one's is smaller): MmaShape::smem_bytes(8) and the kernel's static arrays
-    (paged_attention_mma.cuh; keep in step with it)."""
+def _mma_smem(head_size: int, block_size: int, warps: int, xl: bool = True) -> tuple[int, int]:
+    """(dynamic, static) shared memory in bytes of a block of `warps` warps of the tensor-core
+    kernel: MmaShape::smem_bytes(warps) and the kernel's static arrays, of its XL
+    instantiation by default (the plain one lacks pos_bias_u's rows). Keep in step with
+    paged_attention_mma.cuh; the static figures are ptxas's for sm_90a (bf16, heads 64 and 256,
+    every block size, 4 and 8 warps, plain and XL)."""
     step = max(16, block_size)
     slot = step * head_size * 2
     slots = min(6, max(2, 20480 // slot))
-    dynamic = max(_MMA_WIDE_WARPS * slots * slot, _MMA_WIDE_WARPS * 16 * (head_size + 8) * 4)
-    static = 2 * 16 * (head_size + 8) * 2 + 2 * _MMA_WIDE_WARPS * 16 * 4 + 2 * 16 * 4
-    return dynamic + static
+    dynamic = max(warps * slots * slot, warps * 16 * (head_size + 8) * 4)
+    rows = 16 * (head_size + 8) * 2
+    static = (2 if xl else 1) * rows + 2 * warps * 16 * 4 + 2 * 16 * 4
+    return dynamic, static
+
+
+def _mma_wide_fits(head_size: int, block_size: int, optin: int) -> bool:
+    """Whether a wide block of the tensor-core kernel's XL instantiation (the larger) can run on
+    a device of `optin` bytes of opt-in shared memory a block: built (its dynamic shared memory
+    within _MAX_SMEM_OPTIN) and fitting."""
+    dynamic, static = _mma_smem(head_size, block_size, _MMA_WIDE_WARPS)
+    return dynamic <= _MAX_SMEM_OPTIN and dynamic + static <= optin
 
 
 def split_kv(
@@ -142,7 +156,7 @@ def split_kv(
     tokens = max(1, max_seq_len)
     step = max(16, block_size)
     if heads_per_block == 16:
-        fits = _mma_wide_smem(head_size, block_size) <= _smem_optin(index)
+        fits = _mma_wide_fits(head_size, block_size, _smem_optin(index))
         parts = _mma_partitions(tokens, blocks, sms, step, head_size, fits)
         least = math.ceil(tokens / LONG_PARTITION_SIZE) if tokens > LONG_SEQ_LEN else 1
         if version == "v2":
