@@ -13,7 +13,7 @@ import math
 
 import torch
 
-from .. import load
+from .. import build_info, load
 
 #: The v2 ops' default partition size (vLLM's, by which its callers size the scratch).
 PARTITION_SIZE = 512
@@ -83,6 +83,18 @@ def _smem_optin(device_index: int) -> int:
     return kib * 1024
 
 
+@functools.cache
+def _mma_built() -> tuple[bool, bool]:
+    """(the tensor-core kernel, its wide blocks): whether this build holds them, by the
+    generator options the build plan records for paged attention (paged_attention.kernel=mma
+    and wide=on, the defaults)."""
+    family = build_info().get("families", {}).get("paged_attention", {})
+    options = family.get("generator_options", [])
+    kernel = [o for o in options if o.startswith("kernel=")]
+    mma = kernel in ([], ["kernel=mma"])
+    return mma, mma and "wide=off" not in options
+
+
 def _mma_smem(head_size: int, block_size: int, warps: int, xl: bool = True) -> tuple[int, int]:
     """(dynamic, static) shared memory in bytes of a block of `warps` warps of the tensor-core
     kernel: MmaShape::smem_bytes(warps) and the kernel's static arrays, of its XL
@@ -125,9 +137,9 @@ def split_kv(
     group = num_heads / num_kv_heads (heads_per_block: 16 for the tensor-core kernel, 8 for the
     staged one), and v2 that many a partition.
 
-    The tensor-core kernel runs 8-warp (wide) blocks where its grid fits one block an SM, each
-    warp gets a step and their shared memory fits the device (paged_attention_launch.cuh), else
-    4-warp ones. Its split is the cheapest under _mma_partitions' cost model of v1, the most
+    The tensor-core kernel runs 8-warp (wide) blocks where the build holds them (generator
+    option paged_attention.wide), its grid fits one block an SM, each warp gets a step and
+    their shared memory fits the device (paged_attention_launch.cuh), else 4-warp ones. Its split is the cheapest under _mma_partitions' cost model of v1, the most
     partitions that keep the grid within one block an SM (at least a step a warp), and the most
     within three quarters of the SMs (at least MIN_PARTITION_SIZE tokens each), partitions of a
     power of two tokens. Past LONG_SEQ_LEN tokens it takes at least ceil(max_seq_len /
@@ -156,7 +168,7 @@ def split_kv(
     tokens = max(1, max_seq_len)
     step = max(16, block_size)
     if heads_per_block == 16:
-        fits = _mma_wide_fits(head_size, block_size, _smem_optin(index))
+        fits = _mma_built()[1] and _mma_wide_fits(head_size, block_size, _smem_optin(index))
         parts = _mma_partitions(tokens, blocks, sms, step, head_size, fits)
         least = math.ceil(tokens / LONG_PARTITION_SIZE) if tokens > LONG_SEQ_LEN else 1
         if version == "v2":
@@ -214,12 +226,12 @@ def _mma_partitions(
 
 def _heads_per_block(query: torch.Tensor, kv_cache_dtype: str) -> int:
     """Query heads a thread block of the CUDA kernels serves: 16 for the tensor-core kernel
-    (16-bit queries over a cache of their dtype), else 8 (the staged kernel). Where the launcher
-    still runs the staged kernel (a build without the tensor-core one, a GPU without the shared
-    memory it needs) a group of 9-16 heads takes twice the blocks split_kv counts: a slower
-    split, not a wrong one."""
+    (16-bit queries over a cache of their dtype, where the build holds it), else 8 (the staged
+    kernel). Where the launcher still runs the staged kernel (a GPU without the shared memory
+    the tensor-core one needs) a group of 9-16 heads takes twice the blocks split_kv counts: a
+    slower split, not a wrong one."""
     tensor_core = query.dtype in (torch.float16, torch.bfloat16) and kv_cache_dtype == "auto"
-    return 16 if tensor_core and query.shape[-1] % 16 == 0 else 8
+    return 16 if tensor_core and query.shape[-1] % 16 == 0 and _mma_built()[0] else 8
 
 
 def _run(v1, v2, out, args, query, key_cache, value_cache, max_seq_len, kv_cache_dtype, version):

@@ -317,12 +317,10 @@ def test_wide_blocks_where_split_kv_counts_on_them(device, head_size, block_size
         pytest.skip("the tensor-core kernel is CUDA's")
     info = aphrodite_ext.build_info()
     options = info["families"]["paged_attention"].get("generator_options")
-    kernel = [o for o in options or [] if o.startswith("kernel=")]
     if (
         info["backend"] != "cuda"
-        or options is None
-        or kernel not in ([], ["kernel=mma"])
-        or "wide=off" in options
+        or options is None  # a plan from before the options were recorded
+        or not _ops_module._mma_built()[1]
         or (xl and "xl=off" in options)
     ):
         pytest.skip(f"this build's paged attention has no wide blocks to check ({options})")
@@ -724,6 +722,7 @@ def test_split_kv(monkeypatch):
     problems measured on an H100 and an H200."""
     # (aphrodite_ext.ops.paged_attention is also the name of the function ops exports)
     module = importlib.import_module("aphrodite_ext.ops.paged_attention")
+    monkeypatch.setattr(module, "_mma_built", lambda: (True, True))  # the default build's
     monkeypatch.setattr(module, "_sm_count", lambda index: 132)
     monkeypatch.setattr(module, "_smem_optin", lambda index: 227 * 1024)  # an H100's
     monkeypatch.setattr(torch.version, "hip", None)
@@ -802,9 +801,41 @@ def test_split_kv(monkeypatch):
     monkeypatch.setattr(module, "_smem_optin", lambda index: 163 * 1024)
     assert split_kv("auto", 1024, 6, 32, 8, 16, gpu) == 512
     assert split_kv("auto", 1024, 6, 32, 8, 32, gpu) == 0  # block 32: 138 KiB, fits
+    # So in a build without wide blocks (paged_attention.wide=off) where they would fit.
+    monkeypatch.setattr(module, "_smem_optin", lambda index: 227 * 1024)
+    monkeypatch.setattr(module, "_mma_built", lambda: (True, False))
+    assert split_kv("auto", 1024, 6, 32, 8, 16, gpu) == 512
+    assert split_kv("auto", 1024, 6, 32, 8, 32, gpu) == 512
     # The staged kernel (8 heads a block), 600 tokens, 8 blocks: 16 partitions would fit the
     # SMs, MIN_PARTITION_SIZE allows 10.
     assert split_kv("v2", 600, 1, 8, 8, 16, gpu, heads_per_block=8) == 64
+
+
+def test_split_kv_reads_the_build_options(monkeypatch):
+    """_mma_built reads paged attention's generator options from the build plan (the
+    tensor-core kernel and its wide blocks unless kernel= or wide=off says otherwise; a plan
+    that records none: the defaults), and _heads_per_block counts the staged kernel's 8 heads a
+    block where the build has no tensor-core kernel."""
+    query = torch.empty(2, 32, 128, dtype=torch.bfloat16)
+    cases = [
+        ([], (True, True)),
+        (["head_sizes=128", "wide=off"], (True, False)),
+        (["kernel=mma", "wide=on"], (True, True)),
+        (["kernel=staged"], (False, False)),
+        (["kernel=regs", "wide=on"], (False, False)),
+        (None, (True, True)),
+    ]
+    for options, built in cases:
+        family = {} if options is None else {"generator_options": options}
+        plan = {"families": {"paged_attention": family}}
+        monkeypatch.setattr(_ops_module, "build_info", lambda plan=plan: plan)
+        # a fresh cache for each plan (monkeypatch puts the module's own back)
+        monkeypatch.setattr(
+            _ops_module, "_mma_built", functools.cache(_ops_module._mma_built.__wrapped__)
+        )
+        assert _ops_module._mma_built() == built, options
+        assert _ops_module._heads_per_block(query, "auto") == (16 if built[0] else 8), options
+        assert _ops_module._heads_per_block(query, "fp8") == 8
 
 
 def _xl_args(device):
