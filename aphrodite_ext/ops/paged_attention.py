@@ -169,11 +169,11 @@ def split_kv(
     step = max(16, block_size)
     if heads_per_block == 16:
         fits = _mma_built()[1] and _mma_wide_fits(head_size, block_size, _smem_optin(index))
-        parts = _mma_partitions(tokens, blocks, sms, step, head_size, fits)
         least = math.ceil(tokens / LONG_PARTITION_SIZE) if tokens > LONG_SEQ_LEN else 1
         if version == "v2":
             least = max(least, math.ceil(tokens / PARTITION_SIZE))
-        size = _power_of_two_partition(tokens, max(parts, least))
+        parts = _mma_partitions(tokens, blocks, sms, step, head_size, fits, least)
+        size = _power_of_two_partition(tokens, parts)
         return 0 if version == "auto" and size >= tokens else size
     fill = sms // blocks
     if version == "auto" and not (tokens > LONG_SEQ_LEN or (tokens > PARTITION_SIZE and fill >= 2)):
@@ -201,13 +201,13 @@ def _mma_wide(grid: int, tokens: int, step: int, sms: int, wide_fits: bool) -> b
 
 
 def _mma_partitions(
-    tokens: int, blocks: int, sms: int, step: int, head_size: int, wide_fits: bool
+    tokens: int, blocks: int, sms: int, step: int, head_size: int, wide_fits: bool, least: int
 ) -> int:
     """split_kv's partitions for the tensor-core kernel, `blocks` a partition on `sms` SMs
     (wide_fits: whether a wide block's shared memory fits the device): the cheapest of v1, the
     most partitions within one block an SM with a step for each warp of a wide block, and the
-    most within 3/4 of the SMs, each in partitions of a power of two tokens, wide where
-    _mma_wide says so."""
+    most within 3/4 of the SMs, each at least `least` (split_kv's floor) and in partitions of a
+    power of two tokens, wide where _mma_wide says so."""
 
     def cost(parts: int) -> float:
         size = _power_of_two_partition(tokens, parts)
@@ -218,10 +218,10 @@ def _mma_partitions(
 
     options = [
         1,
-        max(1, min(sms // blocks, tokens // (_MMA_WIDE_WARPS * step))),
-        max(1, min(3 * sms // 4 // blocks, math.ceil(tokens / MIN_PARTITION_SIZE))),
+        min(sms // blocks, tokens // (_MMA_WIDE_WARPS * step)),
+        min(3 * sms // 4 // blocks, math.ceil(tokens / MIN_PARTITION_SIZE)),
     ]
-    return min(options, key=cost)
+    return min((max(least, parts) for parts in options), key=cost)
 
 
 def _heads_per_block(query: torch.Tensor, kv_cache_dtype: str) -> int:

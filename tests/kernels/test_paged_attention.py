@@ -796,6 +796,9 @@ def test_split_kv(monkeypatch):
     }  # fmt: skip
     for (seqs, length), size in picks.items():
         assert split_kv("auto", length, seqs, 32, 8, 16, gpu) == size, (seqs, length)
+    # "v2" compares its options after its floor (here 2 partitions): v1, the cheapest before it,
+    # would become 512-token partitions, where 256 cost less (wide blocks, 87 of them).
+    assert split_kv("v2", 689, 29, 1, 1, 16, gpu, head_size=64) == 256
     # Where a wide block's shared memory does not fit (an A100's 163 KiB at head 128, block 16),
     # 6 x 1024 takes two partitions of 4-warp blocks instead of v1 in wide ones.
     monkeypatch.setattr(module, "_smem_optin", lambda index: 163 * 1024)
