@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <optional>
 #include <string>
 #include <utility>
@@ -279,9 +280,11 @@ attention::PagedAttentionV2Scratch make_scratch(const char* op, at::Tensor& exp_
               ": partition_size must be a positive multiple of block_size (", block_size, "), got ",
               partition_size);
   // A partition past the longest sequence holds it whole: the same split in the fewest tokens
-  // (the CPU kernel sizes its buffers by the partition).
-  const int64_t whole = (std::max<int64_t>(max_seq_len, 1) + block_size - 1) / block_size;
-  partition_size = std::min(partition_size, whole * block_size);
+  // (the CPU kernel sizes its buffers by the partition) of whole blocks and of whole 16-token
+  // steps, so that the tensor-core kernel keeps it at block size 8 too.
+  const int64_t unit = std::lcm(block_size, int64_t{16});
+  const int64_t whole = (std::max<int64_t>(max_seq_len, 1) + unit - 1) / unit;
+  partition_size = std::min(partition_size, whole * unit);
   const int64_t num_seqs = query.size(0), num_heads = query.size(1);
   const int64_t parts = check_scratch(op, "tmp_out", tmp_out, num_seqs, num_heads, query.size(2),
                                       max_seq_len, partition_size, query);

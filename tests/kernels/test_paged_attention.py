@@ -303,14 +303,15 @@ def _mma_warps(fn, *args, **kwargs) -> list[int]:
 
 
 @pytest.mark.parametrize("xl", [False, True])
-@pytest.mark.parametrize("head_size, block_size", [(64, 16), (128, 16), (128, 32), (192, 32),
-                                                   (256, 16), (256, 32)])  # fmt: skip
+@pytest.mark.parametrize("head_size, block_size", [(64, 16), (128, 8), (128, 16), (128, 32),
+                                                   (192, 32), (256, 16), (256, 32)])  # fmt: skip
 def test_wide_blocks_where_split_kv_counts_on_them(device, head_size, block_size, xl):
     """split_kv's cost model counts on wide (8-warp) blocks exactly where the launcher runs them
     (_mma_wide and _mma_wide_fits against paged_attention_launch.cuh's mma_wide and its
     shared-memory tests): v1 and v2 grids within the SMs and past them, partitions with and
-    without a step for each warp, one longer than its sequence, and head / block sizes whose
-    blocks fit some GPUs' shared memory and not others' (a wide block at 256 / 32 fits none).
+    without a step for each warp, one longer than its sequence (which the op clamps to whole
+    steps: at block size 8 too), and head / block sizes whose blocks fit some GPUs' shared
+    memory and not others' (a wide block at 256 / 32 fits none).
     Where a 4-warp block does not fit either, the staged kernel runs. The profiler names the
     kernel each call launched; the outputs are checked."""
     if device == "cpu":
