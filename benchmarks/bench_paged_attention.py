@@ -35,7 +35,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402
 
 import aphrodite_ext  # noqa: E402
-from aphrodite_ext.ops.paged_attention import paged_attention, split_kv  # noqa: E402
+from aphrodite_ext.ops.paged_attention import (  # noqa: E402
+    _heads_per_block,
+    paged_attention,
+    split_kv,
+)
 
 HEADS, KV_HEADS, HEAD, BLOCK = 32, 8, 128, 16
 PARTITION = 512
@@ -246,7 +250,10 @@ def main():
         for batch in (1, 2, 4, 8, 12, 16):
             pb = Problem(batch, ctx, gen)
             ref = pb.sdpa_grouped()
-            size = split_kv("auto", ctx, batch, HEADS, KV_HEADS, BLOCK, pb.q.device)
+            size = split_kv(
+                "auto", ctx, batch, HEADS, KV_HEADS, BLOCK, pb.q.device,
+                _heads_per_block(pb.q, "auto"), HEAD,
+            )  # fmt: skip
             auto_name = f"auto: v2 in {size}-token partitions" if size else "auto: v1"
 
             def auto(pb=pb):

@@ -45,9 +45,11 @@ fi
 
 if has test; then
   timeout -k 30 "${TEST_TIMEOUT:-3000}" python3 -m pytest -q $TESTS -p no:cacheprovider \
-    --maxfail=40 > "$OUT/tests.log" 2>&1 ||
-    [ $? != 124 ] ||
-    echo "tests stopped at TEST_TIMEOUT (${TEST_TIMEOUT:-3000}s)" >> "$OUT/tests.log"
+    --maxfail=40 > "$OUT/tests.log" 2>&1 || {
+    rc=$?  # 124: stopped at the limit; 137: killed 30 s after
+    [ $rc = 124 ] || [ $rc = 137 ] &&
+      echo "tests stopped at TEST_TIMEOUT (${TEST_TIMEOUT:-3000}s)" >> "$OUT/tests.log"
+  }
   grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -30
   summary+=("tests: $(tail -1 "$OUT/tests.log")")
 fi
@@ -73,7 +75,8 @@ if has bench; then
     timeout -k 30 "${BENCH_TIMEOUT:-3000}" python3 "benchmarks/bench_$b.py" --out "$OUT" \
       > "$OUT/bench_$b.log" 2>&1 || {
       rc=$?
-      [ $rc = 124 ] && echo "bench_$b stopped at BENCH_TIMEOUT (${BENCH_TIMEOUT:-3000}s)" ||
+      { [ $rc = 124 ] || [ $rc = 137 ]; } &&
+        echo "bench_$b stopped at BENCH_TIMEOUT (${BENCH_TIMEOUT:-3000}s)" ||
         echo "bench_$b failed (rc $rc):"
       tail -15 "$OUT/bench_$b.log"
     }

@@ -87,8 +87,11 @@ def _smem_optin(device_index: int) -> int:
 def _mma_built() -> tuple[bool, bool]:
     """(the tensor-core kernel, its wide blocks): whether this build holds them, by the
     generator options the build plan records for paged attention (paged_attention.kernel=mma
-    and wide=on, the defaults)."""
-    family = build_info().get("families", {}).get("paged_attention", {})
+    and wide=on, the defaults; a CUDA build: the ROCm one has neither)."""
+    info = build_info()
+    if info.get("backend", "cuda") != "cuda":
+        return False, False
+    family = info.get("families", {}).get("paged_attention", {})
     options = family.get("generator_options", [])
     kernel = [o for o in options if o.startswith("kernel=")]
     mma = kernel in ([], ["kernel=mma"])
@@ -139,12 +142,13 @@ def split_kv(
 
     The tensor-core kernel runs 8-warp (wide) blocks where the build holds them (generator
     option paged_attention.wide), its grid fits one block an SM, each warp gets a step and
-    their shared memory fits the device (paged_attention_launch.cuh), else 4-warp ones. Its split is the cheapest under _mma_partitions' cost model of v1, the most
-    partitions that keep the grid within one block an SM (at least a step a warp), and the most
-    within three quarters of the SMs (at least MIN_PARTITION_SIZE tokens each), partitions of a
-    power of two tokens. Past LONG_SEQ_LEN tokens it takes at least ceil(max_seq_len /
-    LONG_PARTITION_SIZE) partitions; "v2" at least ceil(max_seq_len / PARTITION_SIZE), so that
-    it splits what it is asked to.
+    their shared memory fits the device (paged_attention_launch.cuh), else 4-warp ones. Its
+    split is the cheapest under _mma_partitions' cost model of v1, the most partitions that
+    keep the grid within one block an SM (at least a step a warp), and the most within three
+    quarters of the SMs (at least MIN_PARTITION_SIZE tokens each), partitions of a power of two
+    tokens, each option raised to a floor first: past LONG_SEQ_LEN tokens ceil(max_seq_len /
+    LONG_PARTITION_SIZE) partitions; for "v2" ceil(max_seq_len / PARTITION_SIZE), so that it
+    splits what it is asked to.
 
     The staged kernel: "auto" runs v2 past LONG_SEQ_LEN tokens, or past PARTITION_SIZE while
     the blocks leave at least half the SMs idle; v2 splits the longest sequence into as many

@@ -280,8 +280,9 @@ attention::PagedAttentionV2Scratch make_scratch(const char* op, at::Tensor& exp_
               ": partition_size must be a positive multiple of block_size (", block_size, "), got ",
               partition_size);
   // A partition past the longest sequence holds it whole: the same split in the fewest tokens
-  // (the CPU kernel sizes its buffers by the partition) of whole blocks and of whole 16-token
-  // steps, so that the tensor-core kernel keeps it at block size 8 too.
+  // (the CPU kernel sizes its buffers by the partition) of whole blocks and, where
+  // partition_size allows, of whole 16-token steps, so that the tensor-core kernel keeps it at
+  // block size 8 too.
   const int64_t unit = std::lcm(block_size, int64_t{16});
   const int64_t whole = (std::max<int64_t>(max_seq_len, 1) + unit - 1) / unit;
   partition_size = std::min(partition_size, whole * unit);

@@ -1,6 +1,7 @@
 """The CUDA backend's plan across a matrix of requested archs: CMake configures (nothing
 compiles) and records, per family, the archs it is built for, and per source its flags. Needs
-nvcc and a CUDA build of torch; skips otherwise (the `cuda` nox session requires it)."""
+nvcc and a CUDA build of torch; skips otherwise (APHRODITE_PLAN_REQUIRED=1 makes that an error:
+the `cuda` nox session sets it, and CI sets it for the tests session)."""
 
 from __future__ import annotations
 

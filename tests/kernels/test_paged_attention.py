@@ -816,10 +816,10 @@ def test_split_kv(monkeypatch):
 
 
 def test_split_kv_reads_the_build_options(monkeypatch):
-    """_mma_built reads paged attention's generator options from the build plan (the
-    tensor-core kernel and its wide blocks unless kernel= or wide=off says otherwise; a plan
-    that records none: the defaults), and _heads_per_block counts the staged kernel's 8 heads a
-    block where the build has no tensor-core kernel."""
+    """_mma_built reads paged attention's generator options from the build plan (in a CUDA
+    build, the tensor-core kernel and its wide blocks unless kernel= or wide=off says otherwise;
+    a plan that records none: the defaults), and _heads_per_block counts the staged kernel's 8
+    heads a block where the build has no tensor-core kernel."""
     query = torch.empty(2, 32, 128, dtype=torch.bfloat16)
     cases = [
         ([], (True, True)),
@@ -828,10 +828,12 @@ def test_split_kv_reads_the_build_options(monkeypatch):
         (["kernel=staged"], (False, False)),
         (["kernel=regs", "wide=on"], (False, False)),
         (None, (True, True)),
+        ("rocm", (False, False)),  # ROCm builds run the regs kernel
     ]
     for options, built in cases:
-        family = {} if options is None else {"generator_options": options}
-        plan = {"families": {"paged_attention": family}}
+        family = {} if options in (None, "rocm") else {"generator_options": options}
+        plan = {"backend": "rocm" if options == "rocm" else "cuda"}
+        plan["families"] = {"paged_attention": family}
         monkeypatch.setattr(_ops_module, "build_info", lambda plan=plan: plan)
         # a fresh cache for each plan (monkeypatch puts the module's own back)
         monkeypatch.setattr(
