@@ -10,9 +10,10 @@ group folded into the sequence dimension ([batch, kv_heads, group, head], no mas
 math, as an MHA problem with `group` query tokens). Neither copies the KV
 (repeat_interleave would read it group times).
 
-At small batches (1, 2, 4, 8, 12 and 16 sequences of 1024 and 4096 tokens), the `paged_attention` wrapper with
-version="auto" (split_kv's choice of v1 or v2 and its partition size) against the same SDPA, and
-v2 in 512-token partitions (vLLM's, the ops' default) beside it.
+At small batches (1, 2, 4, 8, 12 and 16 sequences of 1024 and 4096 tokens), the
+`paged_attention` wrapper with version="auto" (split_kv's choice of v1 or v2 and its partition
+size) against the same SDPA, and v2 in 512-token partitions (vLLM's, the ops' default) beside
+it.
 
 The XL variant (xl_paged_attention_v1: score = scale * ((q + u) . k + matrix_bd[token])) is timed
 at the same sizes against the same two SDPA forms given q + u as the query and scale *
@@ -35,11 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402
 
 import aphrodite_ext  # noqa: E402
-from aphrodite_ext.ops.paged_attention import (  # noqa: E402
-    _heads_per_block,
-    paged_attention,
-    split_kv,
-)
+from aphrodite_ext.ops.paged_attention import paged_attention, partition_for  # noqa: E402
 
 HEADS, KV_HEADS, HEAD, BLOCK = 32, 8, 128, 16
 PARTITION = 512
@@ -250,10 +247,7 @@ def main():
         for batch in (1, 2, 4, 8, 12, 16):
             pb = Problem(batch, ctx, gen)
             ref = pb.sdpa_grouped()
-            size = split_kv(
-                "auto", ctx, batch, HEADS, KV_HEADS, BLOCK, pb.q.device,
-                _heads_per_block(pb.q, "auto"), HEAD,
-            )  # fmt: skip
+            size = partition_for(pb.q, pb.key_cache, pb.value_cache, ctx)
             auto_name = f"auto: v2 in {size}-token partitions" if size else "auto: v1"
 
             def auto(pb=pb):

@@ -25,6 +25,8 @@ if [ -n "${1:-}" ]; then export TORCH_CUDA_ARCH_LIST="$1"; fi
 if [ -x /usr/bin/g++ ]; then export CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++; fi
 summary=()
 has() { [[ " $STAGES " == *" $1 "* ]]; }
+# Whether exit code $1 is timeout -k's: 124 stopped at the limit, 137 killed 30 s after.
+timed_out() { [ "$1" = 124 ] || [ "$1" = 137 ]; }
 
 if has build; then
   # The flash-attention family needs CuTe's headers: the nvidia-cutlass wheel, carried in .whl/
@@ -45,11 +47,9 @@ fi
 
 if has test; then
   timeout -k 30 "${TEST_TIMEOUT:-3000}" python3 -m pytest -q $TESTS -p no:cacheprovider \
-    --maxfail=40 > "$OUT/tests.log" 2>&1 || {
-    rc=$?  # 124: stopped at the limit; 137: killed 30 s after
-    [ $rc = 124 ] || [ $rc = 137 ] &&
-      echo "tests stopped at TEST_TIMEOUT (${TEST_TIMEOUT:-3000}s)" >> "$OUT/tests.log"
-  }
+    --maxfail=40 > "$OUT/tests.log" 2>&1 ||
+    ! timed_out $? ||
+    echo "tests stopped at TEST_TIMEOUT (${TEST_TIMEOUT:-3000}s)" >> "$OUT/tests.log"
   grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -30
   summary+=("tests: $(tail -1 "$OUT/tests.log")")
 fi
@@ -75,9 +75,8 @@ if has bench; then
     timeout -k 30 "${BENCH_TIMEOUT:-3000}" python3 "benchmarks/bench_$b.py" --out "$OUT" \
       > "$OUT/bench_$b.log" 2>&1 || {
       rc=$?
-      { [ $rc = 124 ] || [ $rc = 137 ]; } &&
-        echo "bench_$b stopped at BENCH_TIMEOUT (${BENCH_TIMEOUT:-3000}s)" ||
-        echo "bench_$b failed (rc $rc):"
+      if timed_out $rc; then echo "bench_$b stopped at BENCH_TIMEOUT (${BENCH_TIMEOUT:-3000}s)"
+      else echo "bench_$b failed (rc $rc):"; fi
       tail -15 "$OUT/bench_$b.log"
     }
   done

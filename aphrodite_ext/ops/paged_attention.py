@@ -238,13 +238,27 @@ def _heads_per_block(query: torch.Tensor, kv_cache_dtype: str) -> int:
     return 16 if tensor_core and query.shape[-1] % 16 == 0 and _mma_built()[0] else 8
 
 
-def _run(v1, v2, out, args, query, key_cache, value_cache, max_seq_len, kv_cache_dtype, version):
-    """v1(out, *args), or v2(out, *scratch, *args) in split_kv's partitions."""
+def partition_for(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    max_seq_len: int,
+    kv_cache_dtype: str = "auto",
+    version: str = "auto",
+) -> int:
+    """split_kv's answer for the wrappers' call on these tensors: 0 for v1, else v2's
+    partition size."""
     num_seqs, num_heads, head_size = query.shape
-    partition = split_kv(
+    return split_kv(
         version, max_seq_len, num_seqs, num_heads, key_cache.shape[1], value_cache.shape[3],
         query.device, _heads_per_block(query, kv_cache_dtype), head_size,
     )  # fmt: skip
+
+
+def _run(v1, v2, out, args, query, key_cache, value_cache, max_seq_len, kv_cache_dtype, version):
+    """v1(out, *args), or v2(out, *scratch, *args) in split_kv's partitions."""
+    num_seqs, num_heads, head_size = query.shape
+    partition = partition_for(query, key_cache, value_cache, max_seq_len, kv_cache_dtype, version)
     if partition:
         scratch = v2_scratch(num_seqs, num_heads, head_size, max_seq_len, query.device, partition)
         v2(out, *scratch, *args, partition_size=partition)
