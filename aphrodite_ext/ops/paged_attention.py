@@ -13,7 +13,7 @@ import math
 
 import torch
 
-from .. import build_info, load
+from .. import load
 
 #: The v2 ops' default partition size (vLLM's, by which its callers size the scratch).
 PARTITION_SIZE = 512
@@ -36,9 +36,6 @@ _MMA_V1_US, _MMA_V2_US = 6.0, 11.0
 _MMA_NARROW_RATE, _MMA_WIDE_RATE = 62.0, 110.0
 #: Warps of a wide block (paged_attention_launch.cuh's kMmaWideWarps).
 _MMA_WIDE_WARPS = 8
-#: The largest per-block opt-in shared memory of any GPU (sm_90, sm_100): wide kernels whose
-#: dynamic shared memory passes it are not built (paged_attention_launch.cuh's kMaxSmemOptin).
-_MAX_SMEM_OPTIN = 227 * 1024
 
 
 def _scale_tensor(value: float | torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -72,53 +69,25 @@ def _sm_count(device_index: int) -> int:
 
 
 @functools.cache
-def _smem_optin(device_index: int) -> int:
-    """The device's per-block opt-in shared memory in bytes; where torch does not say (before
-    2.6), the CUDA documentation's figure for its compute capability."""
-    props = torch.cuda.get_device_properties(device_index)
-    optin = getattr(props, "shared_memory_per_block_optin", None)
-    if optin is not None:
-        return int(optin)
-    kib = {(8, 0): 163, (8, 7): 163, (9, 0): 227, (10, 0): 227}.get((props.major, props.minor), 99)
-    return kib * 1024
-
-
-@functools.cache
-def _mma_built() -> tuple[bool, bool]:
-    """(the tensor-core kernel, its wide blocks): whether this build holds them, by the
-    generator options the build plan records for paged attention (paged_attention.kernel=mma
-    and wide=on, the defaults; a CUDA build: the ROCm one has neither)."""
-    info = build_info()
-    if info.get("backend", "cuda") != "cuda":
-        return False, False
-    family = info.get("families", {}).get("paged_attention", {})
-    options = family.get("generator_options", [])
-    kernel = [o for o in options if o.startswith("kernel=")]
-    mma = kernel in ([], ["kernel=mma"])
-    return mma, mma and "wide=off" not in options
-
-
-def _mma_smem(head_size: int, block_size: int, warps: int, xl: bool = True) -> tuple[int, int]:
-    """(dynamic, static) shared memory in bytes of a block of `warps` warps of the tensor-core
-    kernel: MmaShape::smem_bytes(warps) and the kernel's static arrays, of its XL
-    instantiation by default (the plain one lacks pos_bias_u's rows). Keep in step with
-    paged_attention_mma.cuh; the static figures are ptxas's for sm_90a (bf16, heads 64 and 256,
-    every block size, 4 and 8 warps, plain and XL)."""
-    step = max(16, block_size)
-    slot = step * head_size * 2
-    slots = min(6, max(2, 20480 // slot))
-    dynamic = max(warps * slots * slot, warps * 16 * (head_size + 8) * 4)
-    rows = 16 * (head_size + 8) * 2
-    static = (2 if xl else 1) * rows + 2 * warps * 16 * 4 + 2 * 16 * 4
-    return dynamic, static
-
-
-def _mma_wide_fits(head_size: int, block_size: int, optin: int) -> bool:
-    """Whether a wide block of the tensor-core kernel's XL instantiation (the larger) can run on
-    a device of `optin` bytes of opt-in shared memory a block: built (its dynamic shared memory
-    within _MAX_SMEM_OPTIN) and fitting."""
-    dynamic, static = _mma_smem(head_size, block_size, _MMA_WIDE_WARPS)
-    return dynamic <= _MAX_SMEM_OPTIN and dynamic + static <= optin
+def _mma_warps(
+    device_index: int,
+    dtype: torch.dtype,
+    kv_cache_dtype: str,
+    head_size: int,
+    block_size: int,
+    xl: bool,
+) -> int:
+    """The warps of the tensor-core kernel's blocks that the launcher can run these problems
+    with on GPU device_index: 8 where its wide blocks fit too, 4 where only 4-warp ones do, 0
+    where they run in the staged kernel (no tensor-core kernel for these types, or in this
+    build: generator options paged_attention.kernel / wide / xl; or not room enough on this
+    GPU). The op asks the launcher's own test (paged_attention_launch.cuh's mma_block_warps)."""
+    load("_C")
+    return int(
+        torch.ops._C._paged_attention_mma_warps(
+            device_index, dtype, kv_cache_dtype, head_size, block_size, xl
+        )
+    )
 
 
 def split_kv(
@@ -129,20 +98,21 @@ def split_kv(
     num_kv_heads: int,
     block_size: int,
     device: torch.device,
-    heads_per_block: int = 16,
+    mma_warps: int = _MMA_WIDE_WARPS,
     head_size: int = 128,
 ) -> int:
     """How paged_attention and xl_paged_attention run `version` ("auto", "v1" or "v2"): 0 for
     v1 (one pass), else v2's partition size in tokens, a whole number of steps (16 tokens, or
     the cache block where longer).
 
-    On a CUDA GPU, v1 runs ceil(group / heads_per_block) thread blocks a (sequence, KV head),
-    group = num_heads / num_kv_heads (heads_per_block: 16 for the tensor-core kernel, 8 for the
-    staged one), and v2 that many a partition.
+    On a CUDA GPU, v1 runs ceil(group / heads) thread blocks a (sequence, KV head), group =
+    num_heads / num_kv_heads, heads = 16 for the tensor-core kernel and 8 for the staged one,
+    and v2 that many a partition. mma_warps (what _mma_warps says of the problems on this GPU):
+    8 where the tensor-core kernel's 8-warp (wide) blocks can run, 4 where only its 4-warp ones
+    can, 0 where the staged kernel runs.
 
-    The tensor-core kernel runs 8-warp (wide) blocks where the build holds them (generator
-    option paged_attention.wide), its grid fits one block an SM, each warp gets a step and
-    their shared memory fits the device (paged_attention_launch.cuh), else 4-warp ones. Its
+    The tensor-core kernel runs wide blocks where they can run, its grid fits one block an SM
+    and each warp gets a step (paged_attention_launch.cuh's mma_wide), else 4-warp ones. Its
     split is the cheapest under _mma_partitions' cost model of v1, the most partitions that
     keep the grid within one block an SM (at least a step a warp), and the most within three
     quarters of the SMs (at least MIN_PARTITION_SIZE tokens each), partitions of a power of two
@@ -168,11 +138,11 @@ def split_kv(
     index = device.index if device.index is not None else torch.cuda.current_device()
     sms = _sm_count(index)
     group = max(1, num_heads // max(1, num_kv_heads))
-    blocks = max(1, num_seqs * num_kv_heads * math.ceil(group / heads_per_block))
+    blocks = max(1, num_seqs * num_kv_heads * math.ceil(group / (16 if mma_warps else 8)))
     tokens = max(1, max_seq_len)
     step = max(16, block_size)
-    if heads_per_block == 16:
-        fits = _mma_built()[1] and _mma_wide_fits(head_size, block_size, _smem_optin(index))
+    if mma_warps:
+        fits = mma_warps == _MMA_WIDE_WARPS
         least = math.ceil(tokens / LONG_PARTITION_SIZE) if tokens > LONG_SEQ_LEN else 1
         if version == "v2":
             least = max(least, math.ceil(tokens / PARTITION_SIZE))
@@ -199,8 +169,8 @@ def _power_of_two_partition(tokens: int, parts: int) -> int:
 def _mma_wide(grid: int, tokens: int, step: int, sms: int, wide_fits: bool) -> bool:
     """Whether the tensor-core kernel runs wide blocks for a grid of `grid` blocks whose
     partitions hold `tokens` tokens (the partition size, or the longest sequence where it is
-    shorter): paged_attention_launch.cuh's mma_wide, with wide_fits for its shared-memory test
-    (tests/kernels/test_paged_attention.py holds the two to each other on the GPU)."""
+    shorter; wide_fits: whether wide blocks can run, _mma_warps == 8): paged_attention_launch.cuh's
+    mma_wide (tests/kernels/test_paged_attention.py holds the two to each other on the GPU)."""
     return wide_fits and grid <= sms and tokens >= _MMA_WIDE_WARPS * step
 
 
@@ -208,7 +178,7 @@ def _mma_partitions(
     tokens: int, blocks: int, sms: int, step: int, head_size: int, wide_fits: bool, least: int
 ) -> int:
     """split_kv's partitions for the tensor-core kernel, `blocks` a partition on `sms` SMs
-    (wide_fits: whether a wide block's shared memory fits the device): the cheapest of v1, the
+    (wide_fits: whether wide blocks can run): the cheapest of v1, the
     most partitions within one block an SM with a step for each warp of a wide block, and the
     most within 3/4 of the SMs, each at least `least` (split_kv's floor) and in partitions of a
     power of two tokens, wide where _mma_wide says so."""
@@ -228,16 +198,6 @@ def _mma_partitions(
     return min((max(least, parts) for parts in options), key=cost)
 
 
-def _heads_per_block(query: torch.Tensor, kv_cache_dtype: str) -> int:
-    """Query heads a thread block of the CUDA kernels serves: 16 for the tensor-core kernel
-    (16-bit queries over a cache of their dtype, where the build holds it), else 8 (the staged
-    kernel). Where the launcher still runs the staged kernel (a GPU without the shared memory
-    the tensor-core one needs) a group of 9-16 heads takes twice the blocks split_kv counts: a
-    slower split, not a wrong one."""
-    tensor_core = query.dtype in (torch.float16, torch.bfloat16) and kv_cache_dtype == "auto"
-    return 16 if tensor_core and query.shape[-1] % 16 == 0 and _mma_built()[0] else 8
-
-
 def partition_for(
     query: torch.Tensor,
     key_cache: torch.Tensor,
@@ -245,20 +205,32 @@ def partition_for(
     max_seq_len: int,
     kv_cache_dtype: str = "auto",
     version: str = "auto",
+    xl: bool = False,
 ) -> int:
-    """split_kv's answer for the wrappers' call on these tensors: 0 for v1, else v2's
-    partition size."""
+    """split_kv's answer for the wrappers' call on these tensors (xl: the XL op's): 0 for v1,
+    else v2's partition size."""
     num_seqs, num_heads, head_size = query.shape
+    block_size = value_cache.shape[3]
+    warps = 0
+    if query.device.type == "cuda" and torch.version.hip is None and version != "v1":
+        index = (
+            query.device.index if query.device.index is not None else torch.cuda.current_device()
+        )
+        warps = _mma_warps(index, query.dtype, kv_cache_dtype, head_size, block_size, xl)
     return split_kv(
-        version, max_seq_len, num_seqs, num_heads, key_cache.shape[1], value_cache.shape[3],
-        query.device, _heads_per_block(query, kv_cache_dtype), head_size,
+        version, max_seq_len, num_seqs, num_heads, key_cache.shape[1], block_size, query.device,
+        warps, head_size,
     )  # fmt: skip
 
 
-def _run(v1, v2, out, args, query, key_cache, value_cache, max_seq_len, kv_cache_dtype, version):
+def _run(
+    v1, v2, out, args, query, key_cache, value_cache, max_seq_len, kv_cache_dtype, version, xl
+):
     """v1(out, *args), or v2(out, *scratch, *args) in split_kv's partitions."""
     num_seqs, num_heads, head_size = query.shape
-    partition = partition_for(query, key_cache, value_cache, max_seq_len, kv_cache_dtype, version)
+    partition = partition_for(
+        query, key_cache, value_cache, max_seq_len, kv_cache_dtype, version, xl
+    )
     if partition:
         scratch = v2_scratch(num_seqs, num_heads, head_size, max_seq_len, query.device, partition)
         v2(out, *scratch, *args, partition_size=partition)
@@ -305,7 +277,7 @@ def paged_attention(
     ops = torch.ops._C
     return _run(
         ops.paged_attention_v1, ops.paged_attention_v2, out, args, query, key_cache, value_cache,
-        max_seq_len, kv_cache_dtype, version,
+        max_seq_len, kv_cache_dtype, version, False,
     )  # fmt: skip
 
 
@@ -349,7 +321,7 @@ def xl_paged_attention(
     ops = torch.ops._C
     return _run(
         ops.xl_paged_attention_v1, ops.xl_paged_attention_v2, out, args, query, key_cache,
-        value_cache, max_seq_len, kv_cache_dtype, version,
+        value_cache, max_seq_len, kv_cache_dtype, version, True,
     )  # fmt: skip
 
 

@@ -87,5 +87,11 @@ gpuError_t launch_paged_attention_v2(const PagedAttentionProblem& p,
 /// error; a binding calls this first to raise the reason (valid until the thread's next call).
 const char* paged_attention_unsupported(const PagedAttentionProblem& p,
                                         const PagedAttentionV2Scratch* scratch);
+/// The warps of the tensor-core kernel's blocks that this build can run (dtype, cache dtype,
+/// head size, block size) problems with, XL (`xl`) or plain, on the current device: 8 where its
+/// wide blocks fit too, 4 where only its 4-warp ones do, 0 where such problems run in the
+/// staged kernel or were not built. (A launch takes 8 where its grid leaves SMs to spare.)
+int paged_attention_mma_warps(ScalarType dtype, KvCacheDtype cache_dtype, int64_t head_size,
+                              int64_t block_size, bool xl);
 }  // namespace aphrodite::attention
 #endif

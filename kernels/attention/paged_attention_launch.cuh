@@ -90,6 +90,30 @@ inline bool mma_wide(dim3 grid, int64_t tokens, int step) {
          tokens >= int64_t{kMmaWideWarps} * step;
 }
 #endif
+
+/// The warps of the tensor-core kernel's (T, kHead, kBS) blocks, XL (kXL) or plain, that the
+/// current device can run: kMmaWideWarps where the wide ones fit too (and were built), kWarps
+/// where only the 4-warp ones do, 0 where neither does (the staged kernel runs). The launcher
+/// and paged_attention_mma_warps (what split_kv asks) both decide by it.
+template <typename T, int kHead, int kBS, bool kXL>
+int mma_block_warps() {
+  using M = MmaShape<T, kHead, kBS>;
+  if (M::smem_bytes(kWarps) >
+      mma_smem_limit<paged_attention_mma_kernel<T, kHead, kBS, kXL, kWarps>>()) {
+    return 0;
+  }
+#if APHRODITE_PAGED_ATTENTION_WIDE
+  constexpr int kWideSmem = M::smem_bytes(kMmaWideWarps);
+  // (not instantiated where no GPU has the shared memory: head 256 at block size 32)
+  if constexpr (kWideSmem <= kMaxSmemOptin) {
+    if (kWideSmem <=
+        mma_smem_limit<paged_attention_mma_kernel<T, kHead, kBS, kXL, kMmaWideWarps>>()) {
+      return kMmaWideWarps;
+    }
+  }
+#endif
+  return kWarps;
+}
 #endif
 
 }  // namespace detail
@@ -149,29 +173,29 @@ gpuError_t paged_attention_run(const PagedAttentionProblem& p,
     const dim3 grid = grid_for(detail::kMmaRows);
     const bool whole_steps = l.partition_size % M::kU == 0;
     // Runs the XL (kXL) or the plain instantiation where it can: 4-warp blocks, or wide ones
-    // where detail::mma_wide says so; false where the problem is not for it (err untouched).
+    // where they fit and detail::mma_wide says so; false where the problem is not for it (err
+    // untouched).
     gpuError_t err = gpuSuccess;
     auto run_mma = [&](auto xl) {
       constexpr bool kXL = decltype(xl)::value;
-      constexpr auto kNarrow =
-          detail::paged_attention_mma_kernel<T, kHead, kBS, kXL, detail::kWarps>;
-      constexpr int kNarrowSmem = M::smem_bytes(detail::kWarps);
-      if (!whole_steps || kNarrowSmem > detail::mma_smem_limit<kNarrow>()) return false;
+      const int warps = whole_steps ? detail::mma_block_warps<T, kHead, kBS, kXL>() : 0;
+      if (warps == 0) return false;
 #if APHRODITE_PAGED_ATTENTION_WIDE
       constexpr int kWideSmem = M::smem_bytes(detail::kMmaWideWarps);
-      // (not instantiated where no GPU has the shared memory: head 256 at block size 32)
       if constexpr (kWideSmem <= detail::kMaxSmemOptin) {
-        constexpr auto kWide =
-            detail::paged_attention_mma_kernel<T, kHead, kBS, kXL, detail::kMmaWideWarps>;
         const int64_t tokens = l.partition_size < p.max_seq_len ? l.partition_size : p.max_seq_len;
-        if (detail::mma_wide(grid, tokens, M::kU) && kWideSmem <= detail::mma_smem_limit<kWide>()) {
-          err = launch(detail::KernelTag<kWide>{}, grid, detail::kMmaWideWarps * detail::kWarp,
-                       kWideSmem);
+        if (warps == detail::kMmaWideWarps && detail::mma_wide(grid, tokens, M::kU)) {
+          err = launch(
+              detail::KernelTag<
+                  detail::paged_attention_mma_kernel<T, kHead, kBS, kXL, detail::kMmaWideWarps>>{},
+              grid, detail::kMmaWideWarps * detail::kWarp, kWideSmem);
           return true;
         }
       }
 #endif
-      err = launch(detail::KernelTag<kNarrow>{}, grid, detail::kThreads, kNarrowSmem);
+      err = launch(detail::KernelTag<
+                       detail::paged_attention_mma_kernel<T, kHead, kBS, kXL, detail::kWarps>>{},
+                   grid, detail::kThreads, M::smem_bytes(detail::kWarps));
       return true;
     };
     // XL problems take the XL instantiation, which has no ALiBi term (the XL ops pass none):
@@ -215,6 +239,25 @@ gpuError_t paged_attention_run(const PagedAttentionProblem& p,
   return launch_plain(detail::KernelTag<detail::paged_attention_kernel<T, CacheT, kHead, kBS, 8>>{},
                       8);
 #endif
+}
+
+/// @brief The warps of the tensor-core kernel's blocks that can run problems of this
+/// (T, CacheT, head size, block size), XL (`xl`) or not, on the current device: 8 where its
+/// wide blocks fit too, 4 where only its 4-warp ones do, 0 where they run in the staged kernel
+/// (no tensor-core kernel for these types, or in this build, or room on this device). Which of
+/// 8 and 4 a launch takes then depends on its grid (detail::mma_wide).
+template <typename T, typename CacheT, int kHead, int kBS>
+int paged_attention_mma_warps(bool xl) {
+#if APHRODITE_PAGED_ATTENTION_MMA
+  if constexpr (std::is_same_v<T, CacheT> && !std::is_same_v<T, float> && kHead % 16 == 0) {
+    if (!xl) return detail::mma_block_warps<T, kHead, kBS, false>();
+#if APHRODITE_PAGED_ATTENTION_XL
+    return detail::mma_block_warps<T, kHead, kBS, true>();
+#endif
+  }
+#endif
+  (void)xl;
+  return 0;
 }
 
 /// @brief Launches v2's reduce for query element T.

@@ -408,3 +408,39 @@ APHRODITE_IMPL_OPS(_C, m) {
   m.impl("xl_paged_attention_v2", &aphrodite::xl_paged_attention_v2);
 }
 #endif
+
+namespace aphrodite {
+namespace {
+
+/// split_kv's question (aphrodite_ext/ops/paged_attention.py): which blocks of the tensor-core
+/// kernel the launcher can run (dtype, kv_cache_dtype, head size, block size) problems with on
+/// GPU `device` (attention::paged_attention_mma_warps): 8, 4 or 0 warps; 0 on the CPU backend.
+int64_t paged_attention_mma_warps(int64_t device, at::ScalarType dtype,
+                                  const std::string& kv_cache_dtype, int64_t head_size,
+                                  int64_t block_size, bool xl) {
+  const char* op = "_paged_attention_mma_warps";
+  const auto cache = cache_dtype_of(op, kv_cache_dtype);
+#if APHRODITE_FAMILY_BUILT && defined(APHRODITE_BACKEND_GPU)
+  if (dtype != at::kFloat && dtype != at::kHalf && dtype != at::kBFloat16) return 0;
+  TORCH_CHECK(device >= 0 && device < c10::cuda::device_count(), op, ": no GPU ", device);
+  const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+  const ScalarType kernel = dtype == at::kFloat  ? ScalarType::kFloat32
+                            : dtype == at::kHalf ? ScalarType::kFloat16
+                                                 : ScalarType::kBFloat16;
+  return attention::paged_attention_mma_warps(kernel, cache, head_size, block_size, xl);
+#else
+  (void)cache, (void)device, (void)dtype, (void)head_size, (void)block_size, (void)xl;
+  return 0;
+#endif
+}
+
+}  // namespace
+}  // namespace aphrodite
+
+// A query, not a kernel: no tensors, so one implementation serves every dispatch key.
+TORCH_LIBRARY_FRAGMENT(_C, m) {
+  m.def(
+      "_paged_attention_mma_warps(int device, ScalarType dtype, str kv_cache_dtype, int head_size, "
+      "int block_size, bool xl) -> int",
+      &aphrodite::paged_attention_mma_warps);
+}

@@ -307,32 +307,28 @@ def _mma_warps(fn, *args, **kwargs) -> list[int]:
                                                    (192, 32), (256, 16), (256, 32)])  # fmt: skip
 def test_wide_blocks_where_split_kv_counts_on_them(device, head_size, block_size, xl):
     """split_kv's cost model counts on wide (8-warp) blocks exactly where the launcher runs them
-    (_mma_wide and _mma_wide_fits against paged_attention_launch.cuh's mma_wide and its
-    shared-memory tests): v1 and v2 grids within the SMs and past them, partitions with and
-    without a step for each warp, one longer than its sequence (which the op clamps to whole
-    steps: at block size 8 too), and head / block sizes whose blocks fit some GPUs' shared
-    memory and not others' (a wide block at 256 / 32 fits none).
-    Where a 4-warp block does not fit either, the staged kernel runs. The profiler names the
-    kernel each call launched; the outputs are checked."""
+    (_mma_wide, with the op's answer of which blocks fit, against paged_attention_launch.cuh's
+    mma_wide and its shared-memory tests): v1 and v2 grids within the SMs and past them,
+    partitions with and without a step for each warp, one longer than its sequence (which the
+    op clamps to whole steps: at block size 8 too), and head / block sizes whose blocks fit some
+    GPUs' shared memory and not others' (a wide block at 256 / 32 fits none). Where a 4-warp
+    block does not fit either, the staged kernel runs. The profiler names the kernel each call
+    launched; the outputs are checked."""
     if device == "cpu":
         pytest.skip("the tensor-core kernel is CUDA's")
-    info = aphrodite_ext.build_info()
-    options = info["families"]["paged_attention"].get("generator_options")
-    if (
-        info["backend"] != "cuda"
-        or options is None  # a plan from before the options were recorded
-        or not _ops_module._mma_built()[1]
-        or (xl and "xl=off" in options)
-    ):
-        pytest.skip(f"this build's paged attention has no wide blocks to check ({options})")
     index = torch.device(device).index or torch.cuda.current_device()
-    sms, optin = _ops_module._sm_count(index), _ops_module._smem_optin(index)
-    fits = _ops_module._mma_wide_fits(head_size, block_size, optin)
-    narrow_fits = torch.cuda.get_device_capability(index) >= (8, 0) and (
-        sum(_ops_module._mma_smem(head_size, block_size, 4, xl)) <= optin
-    )
+    dtype = torch.bfloat16
+    blocks = _ops_module._mma_warps(index, dtype, "auto", head_size, block_size, xl)
+    options = aphrodite_ext.build_info()["families"]["paged_attention"].get("generator_options")
+    if blocks == 0 and (
+        torch.cuda.get_device_capability(index) < (8, 0) or any(
+            o in (options or []) for o in ("kernel=staged", "kernel=regs", "xl=off", "wide=off")
+        )
+    ):  # fmt: skip
+        pytest.skip(f"this build or GPU runs no tensor-core kernel here ({options})")
+    sms = _ops_module._sm_count(index)
     step = max(16, block_size)
-    kv, dtype = 8, torch.bfloat16
+    kv = 8
     one = torch.ones(1, device=device)
     # (sequences, length, v2 partition size or 0 for v1)
     cases = [(1, 2048, 0), (2, 1000, 256), (3, 4096, 1024), (1, 200, 512), (1, 8 * step - 1, 0),
@@ -357,10 +353,14 @@ def test_wide_blocks_where_split_kv_counts_on_them(device, head_size, block_size
                 warps = _mma_warps(v1, out, *args)
         grid = num_seqs * kv * (math.ceil(length / partition) if partition else 1)
         tokens = min(partition, length) if partition else length
-        wide = _ops_module._mma_wide(grid, tokens, step, sms, fits)
-        expected = [8 if wide else 4] if narrow_fits else []
-        assert warps == expected, (num_seqs, length, partition, grid, fits, warps)
+        wide = _ops_module._mma_wide(grid, tokens, step, sms, blocks == 8)
+        expected = [8 if wide else 4] if blocks else []
+        assert warps == expected, (num_seqs, length, partition, grid, blocks, warps)
         check(out, b.ref(pos_bias_u=u, matrix_bd=bd), dtype)
+    optin = torch.cuda.get_device_properties(index).shared_memory_per_block_optin
+    if optin >= 227 * 1024 and "wide=off" not in (options or []):
+        # (sm_90, sm_100: every wide block fits but head 256's at block 32, which none builds)
+        assert blocks == (4 if (head_size, block_size) == (256, 32) else 8), (optin, blocks)
 
 
 @pytest.mark.parametrize("version", ["v1", "v2"])
@@ -723,9 +723,7 @@ def test_split_kv(monkeypatch):
     problems measured on an H100 and an H200."""
     # (aphrodite_ext.ops.paged_attention is also the name of the function ops exports)
     module = importlib.import_module("aphrodite_ext.ops.paged_attention")
-    monkeypatch.setattr(module, "_mma_built", lambda: (True, True))  # the default build's
     monkeypatch.setattr(module, "_sm_count", lambda index: 132)
-    monkeypatch.setattr(module, "_smem_optin", lambda index: 227 * 1024)  # an H100's
     monkeypatch.setattr(torch.version, "hip", None)
     gpu, cpu = torch.device("cuda", 0), torch.device("cpu")
     with pytest.raises(ValueError, match="version must be"):
@@ -737,22 +735,23 @@ def test_split_kv(monkeypatch):
 
     for _ in range(1000):
         length, seqs, kv, block = draw(1, 70000), draw(1, 300), draw(1, 17), 8 << draw(0, 3)
-        heads, per_block = kv * draw(1, 41), (8, 16)[draw(0, 2)]
+        heads, warps = kv * draw(1, 41), (0, 4, 8)[draw(0, 3)]
+        per_block = 16 if warps else 8
         head_size = (64, 80, 128, 256)[draw(0, 4)]
         blocks = seqs * kv * math.ceil(heads // kv / per_block)
         call = functools.partial(split_kv, max_seq_len=length, num_seqs=seqs, num_heads=heads,
                                  num_kv_heads=kv, block_size=block)  # fmt: skip
-        assert call("v1", device=gpu, heads_per_block=per_block) == 0
+        assert call("v1", device=gpu, mma_warps=warps) == 0
         assert call("v1", device=cpu) == 0
         assert call("v2", device=cpu) == PARTITION_SIZE
         vllm = length > 8192 or (length > PARTITION_SIZE and seqs * heads < 512)
         assert call("auto", device=cpu) == (PARTITION_SIZE if vllm else 0)
-        size = call("v2", device=gpu, heads_per_block=per_block, head_size=head_size)
-        auto = call("auto", device=gpu, heads_per_block=per_block, head_size=head_size)
+        size = call("v2", device=gpu, mma_warps=warps, head_size=head_size)
+        auto = call("auto", device=gpu, mma_warps=warps, head_size=head_size)
         step = max(16, block)
         assert size % step == 0 and size >= step
         parts = math.ceil(length / size)  # the partitions the longest sequence takes
-        problem = (length, seqs, kv, heads, block, per_block, head_size, size)
+        problem = (length, seqs, kv, heads, block, warps, head_size, size)
         if per_block == 16:
             long = math.ceil(length / LONG_PARTITION_SIZE) if length > LONG_SEQ_LEN else 1
             most = max(
@@ -800,48 +799,58 @@ def test_split_kv(monkeypatch):
     # "v2" compares its options after its floor (here 2 partitions): v1, the cheapest before it,
     # would become 512-token partitions, where 256 cost less (wide blocks, 87 of them).
     assert split_kv("v2", 689, 29, 1, 1, 16, gpu, head_size=64) == 256
-    # Where a wide block's shared memory does not fit (an A100's 163 KiB at head 128, block 16),
-    # 6 x 1024 takes two partitions of 4-warp blocks instead of v1 in wide ones.
-    monkeypatch.setattr(module, "_smem_optin", lambda index: 163 * 1024)
-    assert split_kv("auto", 1024, 6, 32, 8, 16, gpu) == 512
-    assert split_kv("auto", 1024, 6, 32, 8, 32, gpu) == 0  # block 32: 138 KiB, fits
-    # So in a build without wide blocks (paged_attention.wide=off) where they would fit.
-    monkeypatch.setattr(module, "_smem_optin", lambda index: 227 * 1024)
-    monkeypatch.setattr(module, "_mma_built", lambda: (True, False))
-    assert split_kv("auto", 1024, 6, 32, 8, 16, gpu) == 512
-    assert split_kv("auto", 1024, 6, 32, 8, 32, gpu) == 512
+    # Where wide blocks cannot run (a build with paged_attention.wide=off, or an A100's 163 KiB
+    # at head 128, block 16), 6 x 1024 takes two partitions of 4-warp blocks instead of v1 in
+    # wide ones.
+    for block in (16, 32):
+        assert split_kv("auto", 1024, 6, 32, 8, block, gpu, mma_warps=4) == 512
     # The staged kernel (8 heads a block), 600 tokens, 8 blocks: 16 partitions would fit the
     # SMs, MIN_PARTITION_SIZE allows 10.
-    assert split_kv("v2", 600, 1, 8, 8, 16, gpu, heads_per_block=8) == 64
+    assert split_kv("v2", 600, 1, 8, 8, 16, gpu, mma_warps=0) == 64
 
 
-def test_split_kv_reads_the_build_options(monkeypatch):
-    """_mma_built reads paged attention's generator options from the build plan (in a CUDA
-    build, the tensor-core kernel and its wide blocks unless kernel= or wide=off says otherwise;
-    a plan that records none: the defaults), and _heads_per_block counts the staged kernel's 8
-    heads a block where the build has no tensor-core kernel."""
-    query = torch.empty(2, 32, 128, dtype=torch.bfloat16)
-    cases = [
-        ([], (True, True)),
-        (["head_sizes=128", "wide=off"], (True, False)),
-        (["kernel=mma", "wide=on"], (True, True)),
-        (["kernel=staged"], (False, False)),
-        (["kernel=regs", "wide=on"], (False, False)),
-        (None, (True, True)),
-        ("rocm", (False, False)),  # ROCm builds run the regs kernel
-    ]
-    for options, built in cases:
-        family = {} if options in (None, "rocm") else {"generator_options": options}
-        plan = {"backend": "rocm" if options == "rocm" else "cuda"}
-        plan["families"] = {"paged_attention": family}
-        monkeypatch.setattr(_ops_module, "build_info", lambda plan=plan: plan)
-        # a fresh cache for each plan (monkeypatch puts the module's own back)
-        monkeypatch.setattr(
-            _ops_module, "_mma_built", functools.cache(_ops_module._mma_built.__wrapped__)
-        )
-        assert _ops_module._mma_built() == built, options
-        assert _ops_module._heads_per_block(query, "auto") == (16 if built[0] else 8), options
-        assert _ops_module._heads_per_block(query, "fp8") == 8
+def test_the_launcher_says_which_blocks_run(device):
+    """_paged_attention_mma_warps, split_kv's question to the launcher: 8, 4 or 0 (the staged
+    kernel) warps of the tensor-core kernel's blocks. None for fp32 queries or fp8 caches, nor
+    on the CPU backend; on an sm_90 / sm_100 GPU 4-warp blocks for head 256 at block 32 and wide
+    ones elsewhere (the default build); a bad cache dtype is refused. partition_for splits by
+    the answer."""
+    ask = torch.ops._C._paged_attention_mma_warps
+    index = 0 if device == "cpu" else torch.device(device).index or torch.cuda.current_device()
+    with pytest.raises(RuntimeError, match="kv_cache_dtype must be"):
+        ask(index, torch.bfloat16, "fp9", 128, 16, False)
+    assert ask(index, torch.float32, "auto", 128, 16, False) == 0
+    assert ask(index, torch.bfloat16, "fp8", 128, 16, False) == 0
+    if device == "cpu":
+        assert ask(index, torch.bfloat16, "auto", 128, 16, False) == 0
+        return
+    with pytest.raises(RuntimeError, match="no GPU"):
+        ask(torch.cuda.device_count(), torch.bfloat16, "auto", 128, 16, False)
+    options = aphrodite_ext.build_info()["families"]["paged_attention"].get("generator_options")
+    optin = torch.cuda.get_device_properties(index).shared_memory_per_block_optin
+    default = not any(o.split("=")[0] in ("kernel", "wide", "xl", "dtypes", "head_sizes",
+                                           "block_sizes") for o in options or [])  # fmt: skip
+    gen = torch.Generator().manual_seed(index)
+    for head_size, block_size in [(64, 8), (128, 16), (192, 32), (256, 16), (256, 32)]:
+        for xl in (False, True):
+            warps = ask(index, torch.bfloat16, "auto", head_size, block_size, xl)
+            if default and optin >= 227 * 1024:
+                assert warps == (4 if (head_size, block_size) == (256, 32) else 8), (
+                    head_size,
+                    block_size,
+                )
+            assert warps in (0, 4, 8)
+            if warps == 0:
+                continue
+            seqs, length = int(torch.randint(1, 40, (1,), generator=gen)), 1000
+            b = Batch([length] * seqs, 32, 8, head_size, block_size, torch.bfloat16, device)
+            expected = split_kv(
+                "auto", length, seqs, 32, 8, block_size, b.query.device, warps, head_size
+            )
+            got = _ops_module.partition_for(
+                b.query, b.key_cache, b.value_cache, length, "auto", "auto", xl
+            )
+            assert got == expected, (head_size, block_size, xl, seqs)
 
 
 def _xl_args(device):
