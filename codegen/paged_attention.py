@@ -16,7 +16,7 @@ Options (APHRODITE_GENERATOR_OPTIONS="paged_attention.head_sizes=128;paged_atten
                at block size 32: bf16 head 128 without the fp8 cache, sm_90a, 15.1 -> 21.2 s of
                nvcc), which the launcher runs where the grid has at most a block an SM, each
                warp gets a step and the shared memory fits (paged_attention_launch.cuh's
-               mma_wide). split_kv reads the option from the build plan: with wide=off it
+               mma_wide). split_kv asks the launcher which blocks fit: with wide=off it
                splits for 4-warp blocks, some problems slower (6 x 1024 on an H200: 512-token
                partitions, 18.6 us, where v1 took 17.8 in wide blocks and 23.1 in 4-warp ones)
   min_blocks   1..8: resident 128-thread blocks per SM the regs kernel is compiled for
