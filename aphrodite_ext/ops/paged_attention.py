@@ -98,6 +98,7 @@ def split_kv(
     num_kv_heads: int,
     block_size: int,
     device: torch.device,
+    *,
     mma_warps: int = _MMA_WIDE_WARPS,
     head_size: int = 128,
 ) -> int:
@@ -107,9 +108,10 @@ def split_kv(
 
     On a CUDA GPU, v1 runs ceil(group / heads) thread blocks a (sequence, KV head), group =
     num_heads / num_kv_heads, heads = 16 for the tensor-core kernel and 8 for the staged one,
-    and v2 that many a partition. mma_warps (what _mma_warps says of the problems on this GPU):
-    8 where the tensor-core kernel's 8-warp (wide) blocks can run, 4 where only its 4-warp ones
-    can, 0 where the staged kernel runs.
+    and v2 that many a partition. mma_warps (what _mma_warps says of the problems on this GPU;
+    partition_for asks it, a direct call assumes a default build on an sm_90 GPU): 8 where the
+    tensor-core kernel's 8-warp (wide) blocks can run, 4 where only its 4-warp ones can, 0
+    where the staged kernel runs.
 
     The tensor-core kernel runs wide blocks where they can run, its grid fits one block an SM
     and each warp gets a step (paged_attention_launch.cuh's mma_wide), else 4-warp ones. Its
@@ -128,6 +130,8 @@ def split_kv(
     num_heads < 512, in PARTITION_SIZE-token partitions."""
     if version not in ("auto", "v1", "v2"):
         raise ValueError(f"version must be 'auto', 'v1' or 'v2', got {version!r}")
+    if mma_warps not in (0, 4, _MMA_WIDE_WARPS):
+        raise ValueError(f"mma_warps must be 0, 4 or {_MMA_WIDE_WARPS}, got {mma_warps!r}")
     if device.type != "cuda" or torch.version.hip is not None:
         if version == "auto":
             v2 = max_seq_len > 8192 or (max_seq_len > PARTITION_SIZE and num_seqs * num_heads < 512)
@@ -219,7 +223,7 @@ def partition_for(
         warps = _mma_warps(index, query.dtype, kv_cache_dtype, head_size, block_size, xl)
     return split_kv(
         version, max_seq_len, num_seqs, num_heads, key_cache.shape[1], block_size, query.device,
-        warps, head_size,
+        mma_warps=warps, head_size=head_size,
     )  # fmt: skip
 
 

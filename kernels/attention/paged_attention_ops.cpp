@@ -414,13 +414,14 @@ namespace {
 
 /// split_kv's question (aphrodite_ext/ops/paged_attention.py): which blocks of the tensor-core
 /// kernel the launcher can run (dtype, kv_cache_dtype, head size, block size) problems with on
-/// GPU `device` (attention::paged_attention_mma_warps): 8, 4 or 0 warps; 0 on the CPU backend.
+/// GPU `device` (attention::paged_attention_mma_warps): 8, 4 or 0 warps; 0 on the CPU backend
+/// and on ROCm (no tensor-core kernel there).
 int64_t paged_attention_mma_warps(int64_t device, at::ScalarType dtype,
                                   const std::string& kv_cache_dtype, int64_t head_size,
                                   int64_t block_size, bool xl) {
   const char* op = "_paged_attention_mma_warps";
   const auto cache = cache_dtype_of(op, kv_cache_dtype);
-#if APHRODITE_FAMILY_BUILT && defined(APHRODITE_BACKEND_GPU)
+#if APHRODITE_FAMILY_BUILT && defined(APHRODITE_BACKEND_GPU) && !defined(USE_ROCM)
   if (dtype != at::kFloat && dtype != at::kHalf && dtype != at::kBFloat16) return 0;
   TORCH_CHECK(device >= 0 && device < c10::cuda::device_count(), op, ": no GPU ", device);
   const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));

@@ -322,7 +322,7 @@ def test_wide_blocks_where_split_kv_counts_on_them(device, head_size, block_size
     options = aphrodite_ext.build_info()["families"]["paged_attention"].get("generator_options")
     if blocks == 0 and (
         torch.cuda.get_device_capability(index) < (8, 0) or any(
-            o in (options or []) for o in ("kernel=staged", "kernel=regs", "xl=off", "wide=off")
+            o in (options or []) for o in ("kernel=staged", "kernel=regs", "xl=off")
         )
     ):  # fmt: skip
         pytest.skip(f"this build or GPU runs no tensor-core kernel here ({options})")
@@ -357,7 +357,7 @@ def test_wide_blocks_where_split_kv_counts_on_them(device, head_size, block_size
         expected = [8 if wide else 4] if blocks else []
         assert warps == expected, (num_seqs, length, partition, grid, blocks, warps)
         check(out, b.ref(pos_bias_u=u, matrix_bd=bd), dtype)
-    optin = torch.cuda.get_device_properties(index).shared_memory_per_block_optin
+    optin = getattr(torch.cuda.get_device_properties(index), "shared_memory_per_block_optin", 0)
     if optin >= 227 * 1024 and "wide=off" not in (options or []):
         # (sm_90, sm_100: every wide block fits but head 256's at block 32, which none builds)
         assert blocks == (4 if (head_size, block_size) == (256, 32) else 8), (optin, blocks)
@@ -807,14 +807,16 @@ def test_split_kv(monkeypatch):
     # The staged kernel (8 heads a block), 600 tokens, 8 blocks: 16 partitions would fit the
     # SMs, MIN_PARTITION_SIZE allows 10.
     assert split_kv("v2", 600, 1, 8, 8, 16, gpu, mma_warps=0) == 64
+    with pytest.raises(ValueError, match="mma_warps must be 0, 4 or 8"):
+        split_kv("auto", 600, 1, 8, 8, 16, gpu, mma_warps=16)  # (a count of heads, not warps)
 
 
-def test_the_launcher_says_which_blocks_run(device):
+def test_the_launcher_says_which_blocks_run(device, monkeypatch):
     """_paged_attention_mma_warps, split_kv's question to the launcher: 8, 4 or 0 (the staged
     kernel) warps of the tensor-core kernel's blocks. None for fp32 queries or fp8 caches, nor
     on the CPU backend; on an sm_90 / sm_100 GPU 4-warp blocks for head 256 at block 32 and wide
-    ones elsewhere (the default build); a bad cache dtype is refused. partition_for splits by
-    the answer."""
+    ones elsewhere (the default build); a bad cache dtype is refused. partition_for asks it of
+    the call's own problem (XL or not) and splits by the answer."""
     ask = torch.ops._C._paged_attention_mma_warps
     index = 0 if device == "cpu" else torch.device(device).index or torch.cuda.current_device()
     with pytest.raises(RuntimeError, match="kv_cache_dtype must be"):
@@ -827,10 +829,16 @@ def test_the_launcher_says_which_blocks_run(device):
     with pytest.raises(RuntimeError, match="no GPU"):
         ask(torch.cuda.device_count(), torch.bfloat16, "auto", 128, 16, False)
     options = aphrodite_ext.build_info()["families"]["paged_attention"].get("generator_options")
-    optin = torch.cuda.get_device_properties(index).shared_memory_per_block_optin
+    optin = getattr(torch.cuda.get_device_properties(index), "shared_memory_per_block_optin", 0)
     default = not any(o.split("=")[0] in ("kernel", "wide", "xl", "dtypes", "head_sizes",
                                            "block_sizes") for o in options or [])  # fmt: skip
     gen = torch.Generator().manual_seed(index)
+    asked, real = [], _ops_module._mma_warps
+
+    def recorded(*args):
+        asked.append(args)
+        return real(*args)
+
     for head_size, block_size in [(64, 8), (128, 16), (192, 32), (256, 16), (256, 32)]:
         for xl in (False, True):
             warps = ask(index, torch.bfloat16, "auto", head_size, block_size, xl)
@@ -845,11 +853,16 @@ def test_the_launcher_says_which_blocks_run(device):
             seqs, length = int(torch.randint(1, 40, (1,), generator=gen)), 1000
             b = Batch([length] * seqs, 32, 8, head_size, block_size, torch.bfloat16, device)
             expected = split_kv(
-                "auto", length, seqs, 32, 8, block_size, b.query.device, warps, head_size
-            )
-            got = _ops_module.partition_for(
-                b.query, b.key_cache, b.value_cache, length, "auto", "auto", xl
-            )
+                "auto", length, seqs, 32, 8, block_size, b.query.device, mma_warps=warps,
+                head_size=head_size,
+            )  # fmt: skip
+            asked.clear()
+            with monkeypatch.context() as m:
+                m.setattr(_ops_module, "_mma_warps", recorded)
+                got = _ops_module.partition_for(
+                    b.query, b.key_cache, b.value_cache, length, "auto", "auto", xl
+                )
+            assert asked == [(index, torch.bfloat16, "auto", head_size, block_size, xl)], asked
             assert got == expected, (head_size, block_size, xl, seqs)
 
 
