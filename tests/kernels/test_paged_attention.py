@@ -811,6 +811,61 @@ def test_split_kv(monkeypatch):
         split_kv("auto", 600, 1, 8, 8, 16, gpu, mma_warps=16)  # (a count of heads, not warps)
 
 
+class _OnGpu0(torch.Tensor):
+    """A CPU tensor that says it lives on cuda:0 (what partition_for reads of its inputs)."""
+
+    @property
+    def device(self):
+        return torch.device("cuda", 0)
+
+
+def test_partition_for_asks_of_the_calls_own_problem(monkeypatch):
+    """partition_for (the wrappers' split) asks _mma_warps of the call's GPU, dtype, cache
+    dtype, head size, block size and XL-ness, and splits by the answer: 0 as the staged
+    kernel's 8 heads a block, 4 and 8 as the tensor-core kernel's. It asks nothing for "v1",
+    on ROCm or off the GPU. (Faked GPU: runs without one.)"""
+    module = _ops_module
+    monkeypatch.setattr(module, "_sm_count", lambda index: 132)
+    monkeypatch.setattr(torch.version, "hip", None)
+    asked, answer = [], {}
+    monkeypatch.setattr(module, "_mma_warps", lambda *a: asked.append(a) or answer["warps"])
+    gen = torch.Generator().manual_seed(7)
+    for _ in range(200):
+        seqs, kv = int(torch.randint(1, 40, (1,), generator=gen)), (1, 2, 8)[_ % 3]
+        heads, head = kv * (1, 4, 8)[_ % 5 % 3], (64, 80, 128, 256)[_ % 4]
+        block, length = (8, 16, 32)[_ % 7 % 3], int(torch.randint(1, 20000, (1,), generator=gen))
+        dtype, cache = (torch.float16, torch.bfloat16)[_ % 2], ("auto", "fp8")[_ % 11 // 9]
+        xl, version, answer["warps"] = bool(_ % 2), ("auto", "v2")[_ % 3 // 2], (0, 4, 8)[_ % 3]
+        query = torch.empty(seqs, heads, head, dtype=dtype).as_subclass(_OnGpu0)
+        key_cache = torch.empty(1, kv, head // 8, block, 8)
+        value_cache = torch.empty(1, kv, head, block)
+        asked.clear()
+        got = module.partition_for(query, key_cache, value_cache, length, cache, version, xl)
+        assert asked == [(0, dtype, cache, head, block, xl)], asked
+        gpu = torch.device("cuda", 0)
+        expected = split_kv(
+            version, length, seqs, heads, kv, block, gpu, mma_warps=answer["warps"],
+            head_size=head,
+        )  # fmt: skip
+        assert got == expected, (seqs, heads, kv, head, block, length, answer, got, expected)
+        asked.clear()
+        assert module.partition_for(query, key_cache, value_cache, length, cache, "v1", xl) == 0
+        assert asked == []
+    # The answers split differently: 6 sequences of 1024 tokens, GQA 32/8, head 128 (two
+    # partitions of 48 staged blocks each, two of 4-warp ones, v1 in wide ones).
+    query = torch.empty(6, 32, 128, dtype=torch.bfloat16).as_subclass(_OnGpu0)
+    key_cache, value_cache = torch.empty(1, 8, 16, 16, 8), torch.empty(1, 8, 128, 16)
+    splits = []
+    for warps in (0, 4, 8):
+        answer["warps"] = warps
+        splits.append(module.partition_for(query, key_cache, value_cache, 1024))
+    assert splits == [512, 512, 0], splits
+    asked.clear()
+    monkeypatch.setattr(torch.version, "hip", "6.2")  # ROCm: vLLM's rule, nothing asked
+    assert module.partition_for(query, key_cache, value_cache, 1024) == PARTITION_SIZE
+    assert asked == []
+
+
 def test_the_launcher_says_which_blocks_run(device, monkeypatch):
     """_paged_attention_mma_warps, split_kv's question to the launcher: 8, 4 or 0 (the staged
     kernel) warps of the tensor-core kernel's blocks. None for fp32 queries or fp8 caches, nor
