@@ -215,8 +215,9 @@ def partition_for(
     else v2's partition size."""
     num_seqs, num_heads, head_size = query.shape
     block_size = value_cache.shape[3]
-    warps = 0
-    if query.device.type == "cuda" and torch.version.hip is None and version != "v1":
+    warps = 0  # the staged kernel's (fp8 caches, and off CUDA GPUs, ask nothing)
+    gpu = query.device.type == "cuda" and torch.version.hip is None
+    if gpu and kv_cache_dtype == "auto" and version != "v1":
         index = (
             query.device.index if query.device.index is not None else torch.cuda.current_device()
         )
