@@ -831,12 +831,20 @@ def test_partition_for_asks_of_the_calls_own_problem(monkeypatch):
     asked, answer = [], {}
     monkeypatch.setattr(module, "_mma_warps", lambda *a: asked.append(a) or answer["warps"])
     gen = torch.Generator().manual_seed(7)
-    for _ in range(200):
-        seqs, kv = int(torch.randint(1, 40, (1,), generator=gen)), (1, 2, 8)[_ % 3]
-        heads, head = kv * (1, 4, 8)[_ % 5 % 3], (64, 80, 128, 256)[_ % 4]
-        block, length = (8, 16, 32)[_ % 7 % 3], int(torch.randint(1, 20000, (1,), generator=gen))
-        dtype, cache = (torch.float16, torch.bfloat16)[_ % 2], ("auto", "fp8")[_ % 11 // 9]
-        xl, version, answer["warps"] = bool(_ % 2), ("auto", "v2")[_ % 3 // 2], (0, 4, 8)[_ % 3]
+
+    def pick(options):
+        return options[int(torch.randint(0, len(options), (1,), generator=gen))]
+
+    for _ in range(300):
+        seqs, kv, group = pick(range(1, 40)), pick((1, 2, 8)), pick((1, 4, 8))
+        heads, head, block = kv * group, pick((64, 80, 128, 256)), pick((8, 16, 32))
+        length, dtype = pick(range(1, 20000)), pick((torch.float16, torch.bfloat16))
+        cache, xl, version = (
+            pick(("auto", "auto", "fp8")),
+            pick((False, True)),
+            pick(("auto", "v2")),
+        )
+        answer["warps"] = pick((0, 4, 8))
         query = torch.empty(seqs, heads, head, dtype=dtype).as_subclass(_OnGpu0)
         key_cache = torch.empty(1, kv, head // 8, block, 8)
         value_cache = torch.empty(1, kv, head, block)
@@ -853,6 +861,16 @@ def test_partition_for_asks_of_the_calls_own_problem(monkeypatch):
         asked.clear()
         assert module.partition_for(query, key_cache, value_cache, length, cache, "v1", xl) == 0
         assert asked == []
+    # The head size counts (auto, 1 sequence of 389 tokens, 1/1 heads, block 8, 4-warp blocks:
+    # 64-token partitions at head 128, v1 at head 64).
+    answer["warps"] = 4
+    for head, size in ((128, 64), (64, 0)):
+        query = torch.empty(1, 1, head, dtype=torch.float16).as_subclass(_OnGpu0)
+        caches = torch.empty(1, 1, head // 8, 8, 8), torch.empty(1, 1, head, 8)
+        assert module.partition_for(query, *caches, 389) == size, head
+    # Off the GPU nothing is asked (vLLM's rule).
+    asked.clear()
+    assert module.partition_for(torch.empty(1, 1, 64), *caches, 389) == 0 and asked == []
     # The answers split differently: 6 sequences of 1024 tokens, GQA 32/8, head 128 (two
     # partitions of 48 staged blocks each, two of 4-warp ones, v1 in wide ones).
     query = torch.empty(6, 32, 128, dtype=torch.bfloat16).as_subclass(_OnGpu0)
