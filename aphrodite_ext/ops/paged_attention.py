@@ -63,6 +63,11 @@ def v2_scratch(
     )
 
 
+def _index(device: torch.device) -> int:
+    """A CUDA device's index (the current device's where it names none)."""
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 @functools.cache
 def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
@@ -139,8 +144,7 @@ def split_kv(
         return PARTITION_SIZE if version == "v2" else 0
     if version == "v1":
         return 0
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    sms = _sm_count(index)
+    sms = _sm_count(_index(device))
     group = max(1, num_heads // max(1, num_kv_heads))
     blocks = max(1, num_seqs * num_kv_heads * math.ceil(group / (16 if mma_warps else 8)))
     tokens = max(1, max_seq_len)
@@ -218,10 +222,9 @@ def partition_for(
     warps = 0  # the staged kernel's (fp8 caches, and off CUDA GPUs, ask nothing)
     gpu = query.device.type == "cuda" and torch.version.hip is None
     if gpu and kv_cache_dtype == "auto" and version != "v1":
-        index = (
-            query.device.index if query.device.index is not None else torch.cuda.current_device()
+        warps = _mma_warps(
+            _index(query.device), query.dtype, kv_cache_dtype, head_size, block_size, xl
         )
-        warps = _mma_warps(index, query.dtype, kv_cache_dtype, head_size, block_size, xl)
     return split_kv(
         version, max_seq_len, num_seqs, num_heads, key_cache.shape[1], block_size, query.device,
         mma_warps=warps, head_size=head_size,

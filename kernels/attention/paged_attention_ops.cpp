@@ -422,13 +422,11 @@ int64_t paged_attention_mma_warps(int64_t device, at::ScalarType dtype,
   const char* op = "_paged_attention_mma_warps";
   const auto cache = cache_dtype_of(op, kv_cache_dtype);
 #if APHRODITE_FAMILY_BUILT && defined(APHRODITE_BACKEND_GPU) && !defined(USE_ROCM)
-  if (dtype != at::kFloat && dtype != at::kHalf && dtype != at::kBFloat16) return 0;
+  const auto kernel = to_kernel_dtype(dtype);
+  if (!kernel) return 0;
   TORCH_CHECK(device >= 0 && device < c10::cuda::device_count(), op, ": no GPU ", device);
   const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
-  const ScalarType kernel = dtype == at::kFloat  ? ScalarType::kFloat32
-                            : dtype == at::kHalf ? ScalarType::kFloat16
-                                                 : ScalarType::kBFloat16;
-  return attention::paged_attention_mma_warps(kernel, cache, head_size, block_size, xl);
+  return attention::paged_attention_mma_warps(*kernel, cache, head_size, block_size, xl);
 #else
   (void)cache, (void)device, (void)dtype, (void)head_size, (void)block_size, (void)xl;
   return 0;

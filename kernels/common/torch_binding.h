@@ -33,16 +33,21 @@
 
 namespace aphrodite {
 
-/// The torch element type `op` takes, as the kernels' ScalarType; rejects the others.
-inline ScalarType kernel_dtype(const char* op, const char* arg, const at::Tensor& t) {
-  switch (t.scalar_type()) {
+/// A torch element type as the kernels' ScalarType, or nullopt where the kernels take none.
+inline std::optional<ScalarType> to_kernel_dtype(at::ScalarType t) {
+  switch (t) {
     case at::kFloat: return ScalarType::kFloat32;
     case at::kHalf: return ScalarType::kFloat16;
     case at::kBFloat16: return ScalarType::kBFloat16;
-    default:
-      TORCH_CHECK(false, op, ": ", arg, " must be float32, float16 or bfloat16, got ",
-                  t.scalar_type());
+    default: return std::nullopt;
   }
+}
+
+/// The torch element type `op` takes, as the kernels' ScalarType; rejects the others.
+inline ScalarType kernel_dtype(const char* op, const char* arg, const at::Tensor& t) {
+  const auto dtype = to_kernel_dtype(t.scalar_type());
+  TORCH_CHECK(dtype, op, ": ", arg, " must be float32, float16 or bfloat16, got ", t.scalar_type());
+  return *dtype;
 }
 
 inline void check_same_device(const char* op, const char* arg, const at::Tensor& t,
